@@ -1,0 +1,48 @@
+"""Small pytree arithmetic used by aggregation and by methods."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_lab.engine.types import PyTree
+
+
+def tree_sub(a: PyTree, b: PyTree) -> PyTree:
+    """``a - b`` leaf by leaf."""
+    return jax.tree.map(jnp.subtract, a, b)
+
+
+def tree_add(a: PyTree, b: PyTree) -> PyTree:
+    """``a + b`` leaf by leaf."""
+    return jax.tree.map(jnp.add, a, b)
+
+
+def tree_scale(a: PyTree, s: jax.Array | float) -> PyTree:
+    """``s * a`` leaf by leaf."""
+    return jax.tree.map(lambda x: s * x, a)
+
+
+def tree_zeros_like(a: PyTree) -> PyTree:
+    """A tree of zeros shaped like ``a``."""
+    return jax.tree.map(jnp.zeros_like, a)
+
+
+def tree_where(pred: jax.Array, a: PyTree, b: PyTree) -> PyTree:
+    """Selects ``a`` where the scalar ``pred`` is true, else ``b``."""
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def tree_stack_copies(a: PyTree, n: int) -> PyTree:
+    """Stacks ``n`` copies of ``a`` along a new leading axis."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), a)
+
+
+def tree_take(a: PyTree, ids: jax.Array) -> PyTree:
+    """Rows ``ids`` of every leaf's leading axis."""
+    return jax.tree.map(lambda x: x[ids], a)
+
+
+def tree_put(a: PyTree, ids: jax.Array, rows: PyTree) -> PyTree:
+    """``a`` with rows ``ids`` of the leading axis replaced by ``rows``."""
+    return jax.tree.map(lambda x, r: x.at[ids].set(r), a, rows)

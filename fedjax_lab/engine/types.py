@@ -1,0 +1,107 @@
+"""The types every algorithm and the engine agree on.
+
+An FL algorithm is a small record of pure functions over pytrees, in the style of an optax
+``GradientTransformation``::
+
+    server_state = algorithm.server_init(model_params)
+    client_state = algorithm.client_init(server_state)          # one client; the engine stacks N of them
+    message, client_state, metrics = algorithm.client_update(
+        server_state, client_state, client, train_arrays, key)  # vmapped over the cohort
+    server_state, metrics = algorithm.server_update(
+        server_state, messages, cohort, context)                # messages stacked over the cohort
+    params = algorithm.model_params(server_state)               # what is evaluated
+
+Nothing here knows about a particular method: FedAvg, SCAFFOLD, FedWalk and the rest differ only in the
+functions they put into an :class:`Algorithm`, and a plug-in ("X + FedWalk") is a function from one
+:class:`Algorithm` to another.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+
+PyTree = Any
+Params = PyTree
+ServerState = PyTree
+ClientState = PyTree
+Message = PyTree
+Metrics = Mapping[str, jax.Array]
+Arrays = Mapping[str, jax.Array]
+
+
+class ClientData(NamedTuple):
+    """One client's rows of the federated index table (stacked along a leading axis for a cohort).
+
+    Attributes:
+      client_id: int32 scalar, the client's index in the population.
+      example_ids: int32 ``[max_examples]``, indices into the pooled training arrays; entries at or past
+        ``num_examples`` are padding and must be masked.
+      num_examples: int32 scalar, how many entries of ``example_ids`` are real.
+    """
+
+    client_id: jax.Array
+    example_ids: jax.Array
+    num_examples: jax.Array
+
+
+class Cohort(NamedTuple):
+    """What the server knows about the clients whose messages it aggregates (leading axis = cohort)."""
+
+    client_ids: jax.Array
+    num_examples: jax.Array
+
+
+class ServerContext(NamedTuple):
+    """Inputs of a server update that are not algorithm state.
+
+    Attributes:
+      key: PRNG key for this round's server-side randomness.
+      round: int32 scalar, the index of the round being run (0-based).
+      server_arrays: data held by the server (a leash set for FedWalk, a merging set for Feddle), or an
+        empty dict when the experiment has none.
+    """
+
+    key: jax.Array
+    round: jax.Array
+    server_arrays: Arrays
+
+
+class Algorithm(NamedTuple):
+    """An FL method as pure functions over pytree state. See the module docstring for the data flow.
+
+    Attributes:
+      server_init: ``(params) -> server_state``.
+      client_init: ``(server_state) -> client_state`` for one client; the engine stacks it over the
+        population. Return ``()`` for stateless clients.
+      client_update: ``(server_state, client_state, client: ClientData, train_arrays, key)
+        -> (message, client_state, metrics)``. ``metrics`` is a dict of scalars, averaged over the cohort.
+      server_update: ``(server_state, messages, cohort: Cohort, context: ServerContext)
+        -> (server_state, metrics)``; ``messages`` is the pytree of client messages stacked over the cohort.
+      model_params: ``(server_state) -> params`` of the global model, for evaluation and checkpoints.
+    """
+
+    server_init: Callable[[Params], ServerState]
+    client_init: Callable[[ServerState], ClientState]
+    client_update: Callable[..., tuple[Message, ClientState, Metrics]]
+    server_update: Callable[..., tuple[ServerState, Metrics]]
+    model_params: Callable[[ServerState], Params]
+
+
+class LoopState(NamedTuple):
+    """Everything a run carries from one round to the next; checkpointing this is checkpointing the run.
+
+    Attributes:
+      server_state: the algorithm's server state.
+      client_states: the algorithm's per-client state, stacked with a leading ``num_clients`` axis.
+      round: int32 scalar, the number of rounds completed.
+    """
+
+    server_state: ServerState
+    client_states: ClientState
+    round: jax.Array
+
+
+LossFn = Callable[[Params, Arrays, jax.Array], jax.Array]
+"""``loss_fn(params, batch, key) -> scalar``: the mask-weighted mean loss of a batch ``{'x', 'y', 'mask'}``."""

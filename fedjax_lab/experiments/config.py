@@ -1,0 +1,223 @@
+"""Experiment configuration: YAML files plus ``dotted.key=value`` overrides, validated before anything compiles.
+
+The schema is a tree of pydantic models that forbid unknown keys, so a misspelt key, a value out of range or
+an unknown name fails with a message naming the field, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid; the message lists every problem, one per line, by dotted field name."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------------------------- datasets
+class SyntheticDataset(Section):
+    """Synthetic(alpha, beta) of the FedProx paper (embedded, generated from a seed)."""
+
+    name: Literal["synthetic"]
+    alpha: float = Field(1.0, ge=0)
+    beta: float = Field(1.0, ge=0)
+    iid: bool = False
+    num_clients: PositiveInt = 30
+    dimension: PositiveInt = 60
+    num_classes: int = Field(10, ge=2)
+    train_fraction: float = Field(0.9, gt=0, lt=1)
+    seed: int | None = Field(None, description="generator seed; defaults to the run's seed")
+
+
+class GaussianMixtureDataset(Section):
+    """A Gaussian-mixture classification task with Dirichlet label skew (embedded)."""
+
+    name: Literal["gaussian_mixture"]
+    num_clients: PositiveInt = 100
+    examples_per_client: int = Field(100, ge=2)
+    num_classes: int = Field(10, ge=2)
+    dimension: PositiveInt = 20
+    separation: PositiveFloat = 1.0
+    label_alpha: PositiveFloat | None = 0.5
+    train_fraction: float = Field(0.8, gt=0, lt=1)
+    seed: int | None = None
+
+
+DatasetConfig = Annotated[Union[SyntheticDataset, GaussianMixtureDataset], Field(discriminator="name")]
+
+
+# ------------------------------------------------------------------------------------------------- models
+class ModelConfig(Section):
+    name: Literal["logistic_regression", "mlp"]
+    hidden: tuple[PositiveInt, ...] = (200, 200)
+
+
+# ----------------------------------------------------------------------------------------------- training
+class ClientConfig(Section):
+    """Local training. Exactly one of ``local_steps`` and ``local_epochs`` (see docs/semantics.md)."""
+
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    learning_rate: PositiveFloat = 0.01
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: PositiveInt = 10
+    local_steps: PositiveInt | None = None
+    local_epochs: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if (self.local_steps is None) == (self.local_epochs is None):
+            raise ValueError("set exactly one of client.local_steps and client.local_epochs, got "
+                             f"local_steps={self.local_steps}, local_epochs={self.local_epochs}")
+        return self
+
+
+class AlgorithmConfig(Section):
+    """The FedAvg family: the method is its server optimiser (Reddi et al. 2021)."""
+
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+    server_learning_rate: PositiveFloat = 1.0
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="fedavgm only")
+    beta1: float = Field(0.9, ge=0, lt=1, description="fedadam/fedyogi/fedadagrad")
+    beta2: float = Field(0.99, ge=0, lt=1, description="fedadam/fedyogi")
+    tau: PositiveFloat = Field(1e-3, description="adaptivity, fedadam/fedyogi/fedadagrad")
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+class RoundsConfig(Section):
+    num_rounds: PositiveInt = 100
+    clients_per_round: PositiveInt = 10
+    chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round")
+    unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
+
+    @model_validator(mode="after")
+    def _chunk_divides(self):
+        if self.chunk_size is not None and self.clients_per_round % self.chunk_size:
+            raise ValueError(f"rounds.chunk_size must divide rounds.clients_per_round={self.clients_per_round}, "
+                             f"got {self.chunk_size}")
+        return self
+
+
+class EvalConfig(Section):
+    every: PositiveInt = Field(10, description="rounds between evaluations; also the rounds per compiled block")
+    batch_size: PositiveInt = 1024
+    per_client: bool = True
+
+
+class CheckpointConfig(Section):
+    every_blocks: int = Field(5, ge=0, description="0 checkpoints only at the end")
+    keep: PositiveInt = 2
+
+
+class Config(Section):
+    """A whole experiment."""
+
+    seed: int = 0
+    dataset: DatasetConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    client: ClientConfig
+    rounds: RoundsConfig = RoundsConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="after")
+    def _cohort_fits(self):
+        population = self.dataset.num_clients
+        if self.rounds.clients_per_round > population:
+            raise ValueError(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
+                             f"got {self.rounds.clients_per_round}")
+        return self
+
+
+# ------------------------------------------------------------------------------------------- loading
+_DATASETS = {"synthetic": SyntheticDataset, "gaussian_mixture": GaussianMixtureDataset}
+
+
+def _allowed_keys(model: type[BaseModel] | None) -> list[str]:
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _section_model(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for suggestions on misspelt keys)."""
+    model: Any = Config
+    for part in loc[:-1]:
+        if part in _DATASETS:
+            model = _DATASETS[part]
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        annotation = field.annotation if field is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return model
+
+
+def _format_error(error: dict) -> str:
+    loc = tuple(p for p in error["loc"] if p not in _DATASETS)
+    path = ".".join(str(p) for p in loc) or "<config>"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(_section_model(error["loc"]))
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{path}: unknown key{hint} (allowed: {', '.join(allowed)})" if allowed else f"{path}: unknown key"
+    if kind == "union_tag_invalid":
+        return f"{path}.name: unknown name {error['ctx']['tag']!r}; allowed: {error['ctx']['expected_tags']}"
+    if kind == "union_tag_not_found":
+        return f"{path}.name: missing; it selects the kind of {path}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    return f"{path}: {error['msg']}, got {error.get('input')!r}"
+
+
+def validate(raw: dict) -> Config:
+    """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem."""
+    try:
+        return Config.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        lines = sorted({_format_error(e) for e in exc.errors()})
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def apply_override(raw: dict, override: str) -> dict:
+    """Sets ``a.b.c=value`` in a nested dict; ``value`` is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like dotted.key=value")
+    path, _, text = override.partition("=")
+    keys = path.strip().split(".")
+    node = raw
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {key!r} is a value, not a section")
+        node = child
+    node[keys[-1]] = yaml.safe_load(text)
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Reads a YAML config, applies ``dotted.key=value`` overrides, and validates the result."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    for override in overrides:
+        apply_override(raw, override)
+    return validate(raw)
+
+
+def to_yaml(config: Config) -> str:
+    """The fully resolved config, defaults included, as YAML."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

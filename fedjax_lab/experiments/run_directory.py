@@ -1,0 +1,79 @@
+"""The run directory: resolved config, per-round metrics as they are produced, summary, plot, checkpoints.
+
+Layout::
+
+    RUN_DIR/config.yaml      the fully resolved config
+    RUN_DIR/metrics.jsonl    one JSON object per round (and round 0), appended as blocks finish
+    RUN_DIR/summary.json     final and best metrics, timings
+    RUN_DIR/curves.png       accuracy and loss against rounds
+    RUN_DIR/checkpoints/     Orbax checkpoints of the whole loop state, by round
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from fedjax_lab.engine import LoopState
+
+
+class RunDirectory:
+    """Reads and writes one run's files (see the module docstring)."""
+
+    def __init__(self, path: str | Path, checkpoints_to_keep: int = 2):
+        self.path = Path(path).absolute()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._checkpoints = ocp.CheckpointManager(self.path / "checkpoints",
+                                                  options=ocp.CheckpointManagerOptions(max_to_keep=checkpoints_to_keep))
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def append_metrics(self, rows: list[dict[str, Any]]) -> None:
+        """Appends rows to ``metrics.jsonl`` and flushes them to disk."""
+        with self.metrics_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def truncate_metrics(self, last_round: int) -> None:
+        """Drops rows after ``last_round``: a resumed run rewrites what the interrupted one wrote past its checkpoint."""
+        rows = [row for row in self.read_metrics() if row["round"] <= last_round]
+        self.metrics_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def save_checkpoint(self, state: LoopState) -> None:
+        """Saves the whole loop state under its round number (waits until it is on disk)."""
+        self._checkpoints.save(int(state.round), args=ocp.args.StandardSave(state))
+        self._checkpoints.wait_until_finished()
+
+    def latest_checkpoint_round(self) -> int | None:
+        return self._checkpoints.latest_step()
+
+    def restore_checkpoint(self, template: LoopState) -> LoopState:
+        """The latest checkpoint, restored into the structure (and dtypes) of ``template``."""
+        step = self._checkpoints.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        restored = self._checkpoints.restore(step, args=ocp.args.StandardRestore(abstract))
+        return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (empty if none were written)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

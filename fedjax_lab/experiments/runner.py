@@ -1,0 +1,120 @@
+"""The host loop: compiled blocks of rounds, with evaluation, metrics, progress and checkpoints between them."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from fedjax_lab.experiments.build import Experiment, build_experiment
+from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
+from fedjax_lab.experiments.plots import plot_runs
+from fedjax_lab.experiments.run_directory import RunDirectory
+
+
+def _prepare_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> None:
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        return
+    if overwrite:
+        shutil.rmtree(run_dir)
+    elif resume:
+        if saved.read_text() != to_yaml(config):
+            raise ConfigError(f"cannot resume {run_dir}: its config.yaml differs from the config given "
+                              "(compare them, or start a new run directory)")
+    else:
+        raise ConfigError(f"run directory {run_dir} already holds a run; pass --resume to continue it or "
+                          "--overwrite to start again")
+
+
+def _block_rows(first_round: int, metrics: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    num_rounds = len(next(iter(metrics.values())))
+    return [{"round": first_round + i + 1, **{k: float(v[i]) for k, v in metrics.items()}}
+            for i in range(num_rounds)]
+
+
+def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+                   progress: bool = True, stop_after_round: int | None = None,
+                   experiment: Experiment | None = None) -> dict[str, Any]:
+    """Runs (or resumes) an experiment, writing its run directory as it goes.
+
+    Rounds run in compiled blocks of ``config.eval.every``; after each block the global model is evaluated,
+    the block's per-round metrics are appended to ``metrics.jsonl``, the progress bar advances, and every
+    ``config.checkpoint.every_blocks`` blocks the whole loop state is checkpointed. A resumed run restarts
+    from the latest checkpoint and reaches the same result as an uninterrupted one.
+
+    Args:
+      config: a validated config.
+      run_dir: the run directory (created if needed).
+      resume: continue from the latest checkpoint in ``run_dir``.
+      overwrite: delete an existing run in ``run_dir`` first.
+      progress: show a progress bar.
+      stop_after_round: stop early after this round, as an interruption would (for tests and notebooks).
+      experiment: a prebuilt experiment for ``config`` (skips building it again).
+
+    Returns:
+      The summary also written to ``summary.json``.
+    """
+    run_dir = Path(run_dir)
+    _prepare_directory(config, run_dir, resume, overwrite)
+    experiment = experiment or build_experiment(config)
+    directory = RunDirectory(run_dir, config.checkpoint.keep)
+    state = experiment.initial_state()
+    if resume and directory.latest_checkpoint_round() is not None:
+        state = directory.restore_checkpoint(state)
+        directory.truncate_metrics(int(state.round))
+    else:
+        directory.config_path.write_text(to_yaml(config))
+        directory.metrics_path.write_text("")
+        directory.append_metrics([{"round": 0, **experiment.evaluate(state)}])
+
+    total = config.rounds.num_rounds
+    stop = total if stop_after_round is None else min(stop_after_round, total)
+    every = config.eval.every
+    bar = tqdm(total=total, initial=int(state.round), unit="round", disable=not progress, dynamic_ncols=True,
+               desc=experiment.dataset.name)
+    timings, blocks_run = [], 0
+    while int(state.round) < stop:
+        first = int(state.round)
+        num_rounds = min(every - first % every, stop - first)
+        start = time.perf_counter()
+        state, metrics = experiment.run_rounds(state, experiment.inputs, num_rounds=num_rounds)
+        rows = _block_rows(first, jax.device_get(metrics))
+        timings.append((num_rounds, time.perf_counter() - start))
+        rows[-1].update(experiment.evaluate(state))
+        directory.append_metrics(rows)
+        blocks_run += 1
+        if int(state.round) == total or (config.checkpoint.every_blocks and blocks_run % config.checkpoint.every_blocks == 0):
+            directory.save_checkpoint(state)
+        bar.update(num_rounds)
+        bar.set_postfix(acc=f"{rows[-1]['test_accuracy']:.4f}", loss=f"{rows[-1]['test_loss']:.4f}")
+    bar.close()
+    summary = _summarise(directory, timings, experiment)
+    if int(state.round) == total:
+        directory.write_summary(summary)
+        plot_runs([run_dir], run_dir / "curves.png")
+    return summary
+
+
+def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> dict[str, Any]:
+    rows = directory.read_metrics()
+    evaluated = [row for row in rows if "test_accuracy" in row]
+    best = max(evaluated, key=lambda row: row["test_accuracy"])
+    steady = timings[1:] or timings
+    rounds, seconds = sum(n for n, _ in steady), sum(t for _, t in steady)
+    return {
+        "dataset": experiment.dataset.summary(),
+        "rounds": rows[-1]["round"],
+        "final": evaluated[-1],
+        "best_test_accuracy": best["test_accuracy"],
+        "best_round": best["round"],
+        "rounds_per_second": rounds / seconds if seconds else None,
+        "first_block_seconds": timings[0][1] if timings else None,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+    }

@@ -1,0 +1,76 @@
+"""FedAvg with a server optimiser: FedAvg, FedAvgM, FedAdam, FedYogi and FedAdagrad are configurations.
+
+Each sampled client k starts from the global model x_t, runs local optimisation on its data and sends
+``Delta_k = y_k - x_t``. The server forms ``Delta_t = sum_k w_k Delta_k / sum_k w_k`` (``w_k = n_k`` or 1)
+and applies its optimiser to the pseudo-gradient ``-Delta_t``.
+
+References:
+  McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
+  Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import optax
+
+from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
+from fedjax_lab.engine.local_training import LocalSchedule, train_locally
+from fedjax_lab.engine.tree_math import tree_scale, tree_sub
+from fedjax_lab.engine.types import Algorithm, LossFn, Params
+
+
+class ServerState(NamedTuple):
+    """The global model and the server optimiser's state."""
+
+    params: Params
+    opt_state: optax.OptState
+
+
+def apply_server_optimizer(server_optimizer: optax.GradientTransformation, state: ServerState,
+                           mean_delta: Params) -> ServerState:
+    """Steps the server optimiser on the pseudo-gradient ``-mean_delta``."""
+    updates, opt_state = server_optimizer.update(tree_scale(mean_delta, -1.0), state.opt_state, state.params)
+    return ServerState(optax.apply_updates(state.params, updates), opt_state)
+
+
+def fedavg(
+    loss_fn: LossFn,
+    client_optimizer: optax.GradientTransformation,
+    server_optimizer: optax.GradientTransformation,
+    schedule: LocalSchedule,
+    weighting: Weighting = "num_examples",
+) -> Algorithm:
+    """Builds FedAvg with a server optimiser.
+
+    Args:
+      loss_fn: ``(params, batch, key) -> scalar`` minimised locally.
+      client_optimizer: the clients' optax optimiser (its state is reset every round).
+      server_optimizer: applied to ``-Delta_t``; see :mod:`fedjax_lab.methods.server_optimizers`.
+      schedule: local steps or epochs, and the batch size.
+      weighting: ``'num_examples'`` (``w_k = n_k``) or ``'uniform'``.
+
+    Example::
+
+      algorithm = fedavg(loss_fn, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(10, local_steps=5))
+    """
+
+    def server_init(params):
+        return ServerState(params, server_optimizer.init(params))
+
+    def client_update(server_state, client_state, client, arrays, key):
+        params, stats = train_locally(server_state.params, loss_fn, client_optimizer, client, arrays, key, schedule)
+        delta = tree_sub(params, server_state.params)
+        return delta, client_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
+
+    def server_update(server_state, deltas, cohort, context):
+        del context
+        mean_delta = weighted_mean(deltas, cohort_weights(cohort, weighting))
+        update_norm = optax.global_norm(mean_delta)
+        return apply_server_optimizer(server_optimizer, server_state, mean_delta), {"update_norm": update_norm}
+
+    return Algorithm(server_init=server_init, client_init=lambda server_state: (),
+                     client_update=client_update, server_update=server_update,
+                     model_params=lambda server_state: server_state.params)
