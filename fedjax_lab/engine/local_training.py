@@ -10,8 +10,9 @@ How a client's data is consumed (the same for every method):
 * ``local_steps=S``: every client takes exactly ``S`` steps, running through as many epochs as that needs
   (SCAFFOLD's and FedNova's analyses assume equal steps).
 
-Under ``vmap`` all clients of a cohort run the same number of scanned steps (the cohort maximum); a step
-past a client's own count leaves its parameters and optimiser state untouched.
+Under ``vmap`` all clients of a cohort run as many steps as its busiest client (``local_steps``: a
+``lax.scan`` of fixed length; ``local_epochs``: a ``lax.while_loop`` until every client is done); a step past
+a client's own count leaves its parameters and optimiser state untouched.
 """
 
 from __future__ import annotations
@@ -68,12 +69,6 @@ class LocalSchedule:
         if self.local_steps is not None:
             return jnp.asarray(self.local_steps, jnp.int32)
         return (self.local_epochs * self.batches_per_epoch(num_examples)).astype(jnp.int32)
-
-    def max_steps(self, max_examples: int) -> int:
-        """The scan length: the most steps any client with at most ``max_examples`` examples takes."""
-        if self.local_steps is not None:
-            return self.local_steps
-        return self.local_epochs * max(math.ceil(max_examples / self.batch_size), 1)
 
     def num_epochs(self) -> int:
         """How many epoch permutations a client can need."""
@@ -151,6 +146,18 @@ def train_locally(
         return (params, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
 
     carry = (params, optimizer.init(params), jnp.zeros((), jnp.float32))
-    (params, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(schedule.max_steps(max_examples)),
-                                            unroll=schedule.unroll)
+    if schedule.local_steps is not None:
+        (params, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps),
+                                                unroll=schedule.unroll)
+    else:
+        # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the
+        # loop continues while any client is active) instead of to the population's largest client.
+        def body(loop):
+            s, carry = loop
+            for i in range(schedule.unroll):
+                carry = step(carry, s + i)[0]
+            return s + schedule.unroll, carry
+
+        _, (params, _, loss_sum) = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
+                                                       (jnp.zeros((), jnp.int32), carry))
     return params, LocalStats(mean_loss=loss_sum / jnp.maximum(num_steps, 1), num_steps=num_steps)

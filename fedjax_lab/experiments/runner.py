@@ -86,13 +86,15 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         state, metrics = experiment.run_rounds(state, experiment.inputs, num_rounds=num_rounds)
         rows = _block_rows(first, jax.device_get(metrics))
         timings.append((num_rounds, time.perf_counter() - start))
-        rows[-1].update(experiment.evaluate(state))
+        if int(state.round) % every == 0 or int(state.round) == total:
+            rows[-1].update(experiment.evaluate(state))
         directory.append_metrics(rows)
         blocks_run += 1
         if int(state.round) == total or (config.checkpoint.every_blocks and blocks_run % config.checkpoint.every_blocks == 0):
             directory.save_checkpoint(state)
         bar.update(num_rounds)
-        bar.set_postfix(acc=f"{rows[-1]['test_accuracy']:.4f}", loss=f"{rows[-1]['test_loss']:.4f}")
+        if "test_accuracy" in rows[-1]:
+            bar.set_postfix(acc=f"{rows[-1]['test_accuracy']:.4f}", loss=f"{rows[-1]['test_loss']:.4f}")
     bar.close()
     summary = _summarise(directory, timings, experiment)
     if int(state.round) == total:

@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny embedded data and a FedAvg built on it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from fedjax_lab.data import FederatedDataset, gaussian_mixture
+from fedjax_lab.engine import CohortPlan, LocalSchedule, RoundInputs, init_loop_state, randomness
+from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.server_optimizers import fedavg_server
+from fedjax_lab.models import MLP, Classifier, cross_entropy_loss
+
+
+@pytest.fixture(scope="session")
+def tiny_data():
+    """12 clients of 3 to 25 training examples, 4 classes, 5 features: uneven sizes exercise the masks."""
+    mixture = gaussian_mixture(num_clients=12, examples_per_client=30, num_classes=4, dimension=5,
+                               label_alpha=0.3, train_fraction=0.9, seed=3)
+    sizes = [3, 25, 7, 12, 27, 5, 9, 18, 4, 22, 11, 16]
+    parts = [(mixture.train["x"][ids[:n]], mixture.train["y"][ids[:n]])
+             for ids, n in zip(mixture.client_train_ids, sizes)]
+    tests = [(mixture.test["x"][ids[:c]], mixture.test["y"][ids[:c]])
+             for ids, c in zip(mixture.client_test_ids, mixture.client_test_counts)]
+    return FederatedDataset.from_clients("tiny", parts, tests, mixture.num_classes)
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tiny_data):
+    return Classifier(MLP(tiny_data.num_classes, (8,)), tiny_data.input_shape)
+
+
+def make_inputs(data, seed=0):
+    return RoundInputs(randomness.base_key(seed), jax.device_put(data.train), jnp.asarray(data.client_train_ids),
+                       jnp.asarray(data.client_train_counts), {})
+
+
+def make_fedavg(classifier, schedule=None, server=None, client_lr=0.1):
+    return fedavg(cross_entropy_loss(classifier.predict), optax.sgd(client_lr), server or fedavg_server(1.0),
+                  schedule or LocalSchedule(4, local_steps=3))
+
+
+@pytest.fixture
+def tiny_run(tiny_data, tiny_classifier):
+    """(algorithm, plan, initial loop state, inputs) for FedAvg on the tiny data, 6 clients per round."""
+    algorithm = make_fedavg(tiny_classifier, LocalSchedule(4, local_epochs=2, min_examples=tiny_data.min_examples))
+    params = tiny_classifier.init(jax.random.key(0))
+    state = init_loop_state(algorithm, params, tiny_data.num_clients)
+    return algorithm, CohortPlan(tiny_data.num_clients, 6), state, make_inputs(tiny_data)
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    close = jax.tree.map(lambda x, y: bool(jnp.allclose(x, y, rtol=rtol, atol=atol)), a, b)
+    assert all(jax.tree.leaves(close)), jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)

@@ -1,0 +1,83 @@
+"""The round loop: vmap equals a Python loop, chunking and seeds, cohort sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_lab.engine import CohortPlan, ClientData, Cohort, ServerContext, make_run_rounds, randomness
+from fedjax_lab.engine.sampling import sample_cohort
+from fedjax_lab.engine.simulation import run_round
+
+from conftest import assert_trees_close, make_inputs
+
+
+def test_vmap_over_clients_equals_python_loop_over_clients(tiny_run):
+    algorithm, plan, state, inputs = tiny_run
+    new_state, metrics = jax.jit(lambda s: run_round(algorithm, plan, s, inputs))(state)
+
+    ids = sample_cohort(randomness.round_key(inputs.key, 0, randomness.Purpose.COHORT), plan.num_clients,
+                        plan.cohort_size)
+    update = jax.jit(algorithm.client_update)
+    messages = []
+    for i in np.asarray(ids):
+        client = ClientData(jnp.int32(i), inputs.client_example_ids[i], inputs.client_num_examples[i])
+        message, _, _ = update(state.server_state, (), client, inputs.train_arrays,
+                               randomness.client_key(inputs.key, jnp.int32(0), jnp.int32(i)))
+        messages.append(message)
+    stacked = jax.tree.map(lambda *m: jnp.stack(m), *messages)
+    context = ServerContext(randomness.round_key(inputs.key, 0, randomness.Purpose.SERVER), jnp.int32(0), {})
+    expected, _ = algorithm.server_update(state.server_state, stacked,
+                                          Cohort(ids, inputs.client_num_examples[ids]), context)
+    assert_trees_close(new_state.server_state, expected)
+    assert int(new_state.round) == 1
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3])
+def test_chunk_size_does_not_change_results(tiny_run, chunk_size):
+    algorithm, plan, state, inputs = tiny_run
+    whole, m_whole = make_run_rounds(algorithm, plan)(state, inputs, num_rounds=3)
+    chunked_plan = CohortPlan(plan.num_clients, plan.cohort_size, chunk_size)
+    chunked, m_chunked = make_run_rounds(algorithm, chunked_plan)(state, inputs, num_rounds=3)
+    assert_trees_close(whole.server_state, chunked.server_state)
+    np.testing.assert_allclose(m_whole["train_loss"], m_chunked["train_loss"], rtol=1e-5)
+
+
+def test_same_seed_gives_same_result_and_another_seed_differs(tiny_run, tiny_data):
+    algorithm, plan, state, inputs = tiny_run
+    run = make_run_rounds(algorithm, plan)
+    a, _ = run(state, inputs, num_rounds=2)
+    b, _ = run(state, make_inputs(tiny_data, seed=0), num_rounds=2)
+    c, _ = run(state, make_inputs(tiny_data, seed=1), num_rounds=2)
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a, b)))
+    assert not np.allclose(a.server_state.params["params"]["output"]["kernel"],
+                           c.server_state.params["params"]["output"]["kernel"])
+
+
+def test_two_blocks_equal_one_block_of_the_same_rounds(tiny_run):
+    algorithm, plan, state, inputs = tiny_run
+    run = make_run_rounds(algorithm, plan)
+    once, m_once = run(state, inputs, num_rounds=4)
+    half, m1 = run(state, inputs, num_rounds=2)
+    twice, m2 = run(half, inputs, num_rounds=2)
+    assert_trees_close(once.server_state, twice.server_state)
+    np.testing.assert_allclose(m_once["train_loss"], np.concatenate([m1["train_loss"], m2["train_loss"]]), rtol=1e-6)
+
+
+def test_cohort_is_distinct_deterministic_and_covers_population():
+    key = randomness.round_key(randomness.base_key(0), 7, randomness.Purpose.COHORT)
+    ids = np.asarray(sample_cohort(key, 50, 20))
+    assert len(set(ids.tolist())) == 20 and ids.min() >= 0 and ids.max() < 50
+    assert np.array_equal(ids, np.asarray(sample_cohort(key, 50, 20)))
+    counts = np.zeros(50)
+    for r in range(200):
+        counts[np.asarray(sample_cohort(randomness.round_key(randomness.base_key(0), r,
+                                                             randomness.Purpose.COHORT), 50, 20))] += 1
+    assert counts.min() > 50 and counts.max() < 110  # each client expected 80 times
+
+
+def test_cohort_plan_rejects_cohort_larger_than_population():
+    with pytest.raises(ValueError, match="cohort_size must be in"):
+        CohortPlan(num_clients=5, cohort_size=6)
+    with pytest.raises(ValueError, match="chunk_size must divide"):
+        CohortPlan(num_clients=10, cohort_size=6, chunk_size=4)
