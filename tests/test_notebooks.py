@@ -1,0 +1,26 @@
+"""The notebooks' code runs from top to bottom (with matplotlib drawing off-screen)."""
+
+import json
+import os
+import pathlib
+
+import matplotlib
+import pytest
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    matplotlib.use("Agg")
+    work = tmp_path / "notebooks"
+    work.mkdir()
+    (tmp_path / "configs").symlink_to(path.parent.parent / "configs")
+    monkeypatch.chdir(work)
+    cells = json.loads(path.read_text())["cells"]
+    namespace = {}
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            exec("".join(cell["source"]), namespace)
+    assert (tmp_path / "runs" / "notebook_fedadam" / "curves.png").exists()
+    assert int(namespace["state"].round) == 40
