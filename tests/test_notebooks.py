@@ -1,7 +1,6 @@
 """The notebooks' code runs from top to bottom (with matplotlib drawing off-screen)."""
 
 import json
-import os
 import pathlib
 
 import matplotlib

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import optax
 
 from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
