@@ -96,7 +96,8 @@ class AlgorithmConfig(Section):
 class RoundsConfig(Section):
     num_rounds: PositiveInt = 100
     clients_per_round: PositiveInt = 10
-    chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round")
+    chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round. "
+                                             "Unset: 2 on CPU, the whole cohort elsewhere. Never changes results")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
 
     @model_validator(mode="after")
