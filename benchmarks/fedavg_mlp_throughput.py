@@ -145,6 +145,26 @@ def summarise(per_call, examples_per_call: float, rounds_per_call: float) -> dic
     }
 
 
+def summarise_loop(per_call, calls: int, first: float, m: int, timed_clients: int, rounds: int, box: dict,
+                   **extra) -> dict:
+    """:func:`summarise` for a per-client loop, scaled up when only ``timed_clients`` of the ``m`` were timed."""
+    scale = m / timed_clients
+    out = summarise([s * scale for s in per_call], rounds * m * EXAMPLES_PER_CLIENT_ROUND, rounds)
+    out.update({
+        "first_call_s": first * scale,
+        "calls_per_rep": calls,
+        "rounds_per_call": rounds,
+        "clients_timed_per_round": timed_clients,
+        "extrapolated": timed_clients < m,
+        "per_client_s": min(per_call) / timed_clients / rounds,
+        "first_round_train_loss": box["first_loss"],
+        "last_train_loss": box["loss"],
+        "rounds_run": box["round"],
+        **extra,
+    })
+    return out
+
+
 def flax_init_params(seed: int):
     import jax
 
@@ -331,24 +351,8 @@ def run_jax_loop(cfg: dict) -> dict:
             one_round()
 
     per_call, calls, first = timed_reps(call, cfg["reps"], cfg["min_time"])
-    scale = m / timed_clients  # extrapolation factor when only a subset of each cohort is timed
-    per_call_full = [s * scale for s in per_call]
-    out = summarise(per_call_full, rounds * m * EXAMPLES_PER_CLIENT_ROUND, rounds)
-    out.update({
-        "compile_s": first_client_s - steady_client_s,
-        "first_call_s": first * scale,
-        "calls_per_rep": calls,
-        "rounds_per_call": rounds,
-        "clients_timed_per_round": timed_clients,
-        "extrapolated": timed_clients < m,
-        "per_client_s": min(per_call) / timed_clients / rounds,
-        "first_round_train_loss": box["first_loss"],
-        "last_train_loss": box["loss"],
-        "rounds_run": box["round"],
-        "rss_before_mb": rss_before,
-        "data": source,
-    })
-    return out
+    return summarise_loop(per_call, calls, first, m, timed_clients, rounds, box,
+                          compile_s=first_client_s - steady_client_s, rss_before_mb=rss_before, data=source)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -428,25 +432,8 @@ def run_torch_loop(cfg: dict) -> dict:
             box["round"] = r + 1
 
     per_call, calls, first = timed_reps(call, cfg["reps"], cfg["min_time"])
-    scale = m / timed_clients
-    per_call_full = [s * scale for s in per_call]
-    out = summarise(per_call_full, rounds * m * EXAMPLES_PER_CLIENT_ROUND, rounds)
-    out.update({
-        "compile_s": None,
-        "first_call_s": first * scale,
-        "calls_per_rep": calls,
-        "rounds_per_call": rounds,
-        "clients_timed_per_round": timed_clients,
-        "extrapolated": timed_clients < m,
-        "per_client_s": min(per_call) / timed_clients / rounds,
-        "first_round_train_loss": box["first_loss"],
-        "last_train_loss": box["loss"],
-        "rounds_run": box["round"],
-        "torch_threads": torch.get_num_threads(),
-        "rss_before_mb": rss_before,
-        "data": source,
-    })
-    return out
+    return summarise_loop(per_call, calls, first, m, timed_clients, rounds, box, compile_s=None,
+                          torch_threads=torch.get_num_threads(), rss_before_mb=rss_before, data=source)
 
 
 def worker(cfg: dict) -> None:
