@@ -278,7 +278,7 @@ def run_jax_loop(cfg: dict) -> dict:
 
     from fedjax_lab.data import index_table
     from fedjax_lab.engine import ClientData, LocalSchedule, randomness, train_locally
-    from fedjax_lab.methods.fedavg import ServerState, apply_server_optimizer
+    from fedjax_lab.methods.fedavg import apply_server_optimizer, init_server_state
     from fedjax_lab.methods.server_optimizers import fedavg_server
     from fedjax_lab.models import cross_entropy_loss
 
@@ -312,7 +312,7 @@ def run_jax_loop(cfg: dict) -> dict:
         return apply_server_optimizer(server_opt, server_state, mean_delta)
 
     zeros = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p))
-    server_state = ServerState(params, server_opt.init(params))
+    server_state = init_server_state(server_opt, params)
     jax.block_until_ready(server_state)
     rss_before = current_rss_mb()
 

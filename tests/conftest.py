@@ -11,7 +11,7 @@ from fedjax_lab.data import FederatedDataset, gaussian_mixture
 from fedjax_lab.engine import CohortPlan, LocalSchedule, RoundInputs, init_loop_state, randomness
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.server_optimizers import fedavg_server
-from fedjax_lab.models import MLP, Classifier, cross_entropy_loss
+from fedjax_lab.models import MLP, Classifier
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,7 @@ def make_inputs(data, seed=0):
 
 
 def make_fedavg(classifier, schedule=None, server=None, client_lr=0.1):
-    return fedavg(cross_entropy_loss(classifier.predict), optax.sgd(client_lr), server or fedavg_server(1.0),
+    return fedavg(classifier.loss, optax.sgd(client_lr), server or fedavg_server(1.0),
                   schedule or LocalSchedule(4, local_steps=3))
 
 

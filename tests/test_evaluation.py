@@ -20,7 +20,7 @@ def test_evaluator_matches_direct_computation_and_groups_by_client():
     rows = [np.arange(0, 10), np.arange(10, 13), np.arange(13, 53)]
     ids, counts = index_table(rows)
 
-    metrics = Evaluator(clf.predict, {"x": x, "y": y}, batch_size=16, client_example_ids=ids,
+    metrics = Evaluator(clf.example_metrics, {"x": x, "y": y}, batch_size=16, client_example_ids=ids,
                         client_num_examples=counts)(params)
     np.testing.assert_allclose(metrics["test_loss"], -log_probs[np.arange(53), y].mean(), rtol=1e-5)
     np.testing.assert_allclose(metrics["test_accuracy"], correct.mean(), rtol=1e-6)

@@ -32,7 +32,7 @@ def test_fedsgd_example_takes_one_gradient_step_per_round(tiny_data, tiny_classi
     # batch 64 > every client's size, and all clients take part: one full-batch gradient step on all the data.
     batch = {"x": jnp.asarray(tiny_data.train["x"]), "y": jnp.asarray(tiny_data.train["y"]),
              "mask": jnp.ones(len(tiny_data.train["y"]))}
-    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, jax.grad(loss_fn)(params, batch, None))
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, jax.grad(loss_fn, has_aux=True)(params, batch, None)[0])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state.server_state, expected)
 
 

@@ -16,8 +16,23 @@ import optax
 
 from fedjax_lab.engine.types import Arrays, Params
 
-PredictFn = Callable[[Params, jax.Array], jax.Array]
-"""``predict_fn(params, x) -> logits`` on a batch of raw inputs."""
+ExampleMetricsFn = Callable[[Params, Arrays], tuple[jax.Array, jax.Array, jax.Array]]
+"""``example_metrics(params, batch) -> (loss, correct, count)``, each ``[B]``: per example the summed loss, the
+number of correct predictions and the number of labels counted (1 per example for classification, the real
+tokens for sequences; 0 for masked rows)."""
+
+
+def classification_metrics(predict_fn: Callable[[Params, jax.Array], jax.Array]) -> ExampleMetricsFn:
+    """:data:`ExampleMetricsFn` of a ``predict_fn(params, x) -> logits [B, C]``: cross-entropy and accuracy."""
+
+    def example_metrics(params, batch):
+        logits = predict_fn(params, batch["x"])
+        mask = batch["mask"].astype(jnp.float32)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
+        return loss * mask, correct * mask, mask
+
+    return example_metrics
 
 
 def pad_to_batches(arrays: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
@@ -34,35 +49,29 @@ def pad_to_batches(arrays: dict[str, np.ndarray], batch_size: int) -> dict[str, 
     return out
 
 
-def per_example_metrics(predict_fn: PredictFn, params: Params, batches: Arrays) -> tuple[jax.Array, jax.Array]:
-    """Cross-entropy loss and 0/1 correctness of every example of batched arrays (see :func:`pad_to_batches`),
-    flattened to ``[num_batches * batch_size]``; padded rows are zero."""
-
-    def one_batch(batch):
-        logits = predict_fn(params, batch["x"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
-        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
-        return loss * batch["mask"], correct * batch["mask"]
-
-    loss, correct = jax.lax.map(one_batch, batches)
-    return loss.reshape(-1), correct.reshape(-1)
+def per_example_metrics(example_metrics: ExampleMetricsFn, params: Params,
+                        batches: Arrays) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:data:`ExampleMetricsFn` over batched arrays (see :func:`pad_to_batches`), flattened to
+    ``[num_batches * batch_size]``."""
+    loss, correct, count = jax.lax.map(lambda batch: example_metrics(params, batch), batches)
+    return loss.reshape(-1), correct.reshape(-1), count.reshape(-1)
 
 
 class Evaluator:
     """Evaluates the global model on a fixed set of examples, optionally grouped by client.
 
     Args:
-      predict_fn: ``(params, x) -> logits``.
+      example_metrics: per-example loss, correctness and label count (:data:`ExampleMetricsFn`), e.g.
+        ``Classifier.example_metrics`` or :func:`classification_metrics` of a predict function.
       arrays: ``{'x', 'y'}`` host arrays.
       batch_size: examples per evaluation batch.
       client_example_ids, client_num_examples: optional index table grouping ``arrays`` by client; with it,
         ``__call__`` also reports the mean, spread and tails of per-client accuracy.
     """
 
-    def __init__(self, predict_fn: PredictFn, arrays: dict[str, np.ndarray], batch_size: int,
+    def __init__(self, example_metrics: ExampleMetricsFn, arrays: dict[str, np.ndarray], batch_size: int,
                  client_example_ids: np.ndarray | None = None, client_num_examples: np.ndarray | None = None):
-        self._per_example = jax.jit(functools.partial(per_example_metrics, predict_fn))
-        self.num_examples = len(arrays["y"])
+        self._per_example = jax.jit(functools.partial(per_example_metrics, example_metrics))
         self.batches = jax.device_put(pad_to_batches(arrays, batch_size))
         self.clients = None
         if client_example_ids is not None:
@@ -70,19 +79,20 @@ class Evaluator:
 
     def __call__(self, params: Params) -> dict[str, float]:
         """``{'test_loss', 'test_accuracy'}`` and, with clients, ``client_accuracy_{mean,std,min,p10,max}``."""
-        loss, correct = self._per_example(params, self.batches)
-        out = {"test_loss": jnp.sum(loss) / self.num_examples,
-               "test_accuracy": jnp.sum(correct) / self.num_examples}
+        loss, correct, count = self._per_example(params, self.batches)
+        total = jnp.maximum(jnp.sum(count), 1.0)
+        out = {"test_loss": jnp.sum(loss) / total, "test_accuracy": jnp.sum(correct) / total}
         if self.clients is not None:
-            out.update(client_spread(correct, *self.clients))
+            out.update(client_spread(correct, count, *self.clients))
         return {name: float(value) for name, value in out.items()}
 
 
 @jax.jit
-def client_spread(correct: jax.Array, example_ids: jax.Array, num_examples: jax.Array) -> dict[str, jax.Array]:
-    """Summary of per-client accuracy: each client's accuracy is the mean correctness over its rows."""
+def client_spread(correct: jax.Array, count: jax.Array, example_ids: jax.Array,
+                  num_examples: jax.Array) -> dict[str, jax.Array]:
+    """Summary of per-client accuracy: each client's accuracy is its correct labels over its counted labels."""
     mask = jnp.arange(example_ids.shape[1])[None, :] < num_examples[:, None]
-    acc = jnp.sum(correct[example_ids] * mask, axis=1) / jnp.maximum(num_examples, 1)
+    acc = jnp.sum(correct[example_ids] * mask, axis=1) / jnp.maximum(jnp.sum(count[example_ids] * mask, axis=1), 1)
     return {"client_accuracy_mean": jnp.mean(acc), "client_accuracy_std": jnp.std(acc),
             "client_accuracy_min": jnp.min(acc), "client_accuracy_p10": jnp.percentile(acc, 10),
             "client_accuracy_max": jnp.max(acc)}

@@ -28,6 +28,7 @@ import optax
 from fedjax_lab.engine.randomness import Purpose
 from fedjax_lab.engine.tree_math import tree_where
 from fedjax_lab.engine.types import Arrays, ClientData, LossFn, Params
+from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,7 @@ def gather_batch(arrays: Arrays, example_ids: jax.Array, mask: jax.Array) -> dic
 
 
 def train_locally(
-    params: Params,
+    variables: Params,
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     client: ClientData,
@@ -122,33 +123,41 @@ def train_locally(
     key: jax.Array,
     schedule: LocalSchedule,
 ) -> tuple[Params, LocalStats]:
-    """Runs one client's local optimisation from ``params`` and returns the final parameters.
+    """Runs one client's local optimisation from ``variables`` and returns the final variables.
 
-    The optimiser state starts fresh every round. ``loss_fn(params, batch, key)`` receives batches
-    ``{'x', 'y', 'mask'}`` whose masked-out rows must not contribute (see the module docstring).
+    The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts
+    fresh every round; model state such as BatchNorm statistics follows what ``loss_fn`` returns.
+    ``loss_fn(variables, batch, key) -> (loss, model_state)`` receives batches ``{'x', 'y', 'mask'}`` whose
+    masked-out rows must not contribute (see the module docstring).
     """
     max_examples = client.example_ids.shape[-1]
     permutations = epoch_permutations(jax.random.fold_in(key, Purpose.SHUFFLE), client.num_examples,
                                       max_examples, schedule.num_epochs())
     num_steps = schedule.client_steps(client.num_examples)
-    grad_fn = jax.value_and_grad(loss_fn)
+    params, model_state = split_variables(variables)
+
+    def loss_of_trainable(params, model_state, batch, step_key):
+        return loss_fn(merge_variables(params, model_state, variables), batch, step_key)
+
+    grad_fn = jax.value_and_grad(loss_of_trainable, has_aux=True)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
     def step(carry, s):
-        params, opt_state, loss_sum = carry
+        params, model_state, opt_state, loss_sum = carry
         slots, mask = batch_slots(schedule, permutations, s, client.num_examples)
         batch = gather_batch(arrays, client.example_ids[slots], mask)
-        loss, grads = grad_fn(params, batch, jax.random.fold_in(step_key, s))
+        (loss, new_model_state), grads = grad_fn(params, model_state, batch, jax.random.fold_in(step_key, s))
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         active = s < num_steps
-        params, opt_state = tree_where(active, (new_params, new_opt_state), (params, opt_state))
-        return (params, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+        params, model_state, opt_state = tree_where(
+            active, (new_params, new_model_state, new_opt_state), (params, model_state, opt_state))
+        return (params, model_state, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
 
-    carry = (params, optimizer.init(params), jnp.zeros((), jnp.float32))
+    carry = (params, model_state, optimizer.init(params), jnp.zeros((), jnp.float32))
     if schedule.local_steps is not None:
-        (params, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps),
-                                                unroll=schedule.unroll)
+        (params, model_state, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps),
+                                                             unroll=schedule.unroll)
     else:
         # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the
         # loop continues while any client is active) instead of to the population's largest client.
@@ -158,6 +167,7 @@ def train_locally(
                 carry = step(carry, s + i)[0]
             return s + schedule.unroll, carry
 
-        _, (params, _, loss_sum) = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
-                                                       (jnp.zeros((), jnp.int32), carry))
-    return params, LocalStats(mean_loss=loss_sum / jnp.maximum(num_steps, 1), num_steps=num_steps)
+        _, (params, model_state, _, loss_sum) = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
+                                                                    (jnp.zeros((), jnp.int32), carry))
+    return (merge_variables(params, model_state, variables),
+            LocalStats(mean_loss=loss_sum / jnp.maximum(num_steps, 1), num_steps=num_steps))

@@ -103,5 +103,7 @@ class LoopState(NamedTuple):
     round: jax.Array
 
 
-LossFn = Callable[[Params, Arrays, jax.Array], jax.Array]
-"""``loss_fn(params, batch, key) -> scalar``: the mask-weighted mean loss of a batch ``{'x', 'y', 'mask'}``."""
+LossFn = Callable[[Params, Arrays, jax.Array], tuple[jax.Array, Mapping[str, Any]]]
+"""``loss_fn(variables, batch, key) -> (loss, model_state)``: the mask-weighted mean loss of a batch
+``{'x', 'y', 'mask'}`` (masked rows must not contribute, to the loss or to batch statistics), and the model's
+non-trainable collections after the step (``{}`` for a model without any; see :mod:`.variables`)."""

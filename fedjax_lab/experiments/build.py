@@ -80,7 +80,7 @@ def default_chunk_size(cohort_size: int, backend: str) -> int | None:
 
 def build_algorithm(config: Config, classifier: Classifier, dataset: FederatedDataset) -> Algorithm:
     """The FL algorithm of ``config.algorithm``."""
-    return fedavg(cross_entropy_loss(classifier.predict), build_client_optimizer(config),
+    return fedavg(classifier.loss, build_client_optimizer(config),
                   build_server_optimizer(config), build_schedule(config, dataset), config.algorithm.weighting)
 
 
@@ -130,7 +130,7 @@ def build_experiment(config: Config) -> Experiment:
         server_arrays={},
     )
     per_client = config.eval.per_client and dataset.client_test_ids is not None
-    evaluator = Evaluator(classifier.predict, dataset.test, config.eval.batch_size,
+    evaluator = Evaluator(classifier.example_metrics, dataset.test, config.eval.batch_size,
                           dataset.client_test_ids if per_client else None,
                           dataset.client_test_counts if per_client else None)
     return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,

@@ -17,8 +17,9 @@ import optax
 
 from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
 from fedjax_lab.engine.local_training import LocalSchedule, train_locally
-from fedjax_lab.engine.tree_math import tree_scale, tree_sub
+from fedjax_lab.engine.tree_math import tree_add, tree_scale, tree_sub
 from fedjax_lab.engine.types import Algorithm, LossFn, Params
+from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
 class ServerState(NamedTuple):
@@ -30,9 +31,19 @@ class ServerState(NamedTuple):
 
 def apply_server_optimizer(server_optimizer: optax.GradientTransformation, state: ServerState,
                            mean_delta: Params) -> ServerState:
-    """Steps the server optimiser on the pseudo-gradient ``-mean_delta``."""
-    updates, opt_state = server_optimizer.update(tree_scale(mean_delta, -1.0), state.opt_state, state.params)
-    return ServerState(optax.apply_updates(state.params, updates), opt_state)
+    """Steps the server optimiser on the pseudo-gradient ``-mean_delta`` of the trainable variables; model
+    state (BatchNorm statistics) moves by its mean delta, i.e. becomes the weighted mean of the clients'."""
+    params, model_state = split_variables(state.params)
+    delta_params, delta_model_state = split_variables(mean_delta)
+    updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), state.opt_state, params)
+    new_variables = merge_variables(optax.apply_updates(params, updates), tree_add(model_state, delta_model_state),
+                                    state.params)
+    return ServerState(new_variables, opt_state)
+
+
+def init_server_state(server_optimizer: optax.GradientTransformation, variables: Params) -> ServerState:
+    """The global model and a fresh server optimiser state over its trainable part."""
+    return ServerState(variables, server_optimizer.init(split_variables(variables)[0]))
 
 
 def fedavg(
@@ -45,7 +56,7 @@ def fedavg(
     """Builds FedAvg with a server optimiser.
 
     Args:
-      loss_fn: ``(params, batch, key) -> scalar`` minimised locally.
+      loss_fn: ``(variables, batch, key) -> (loss, model_state)`` minimised locally.
       client_optimizer: the clients' optax optimiser (its state is reset every round).
       server_optimizer: applied to ``-Delta_t``; see :mod:`fedjax_lab.methods.server_optimizers`.
       schedule: local steps or epochs, and the batch size.
@@ -57,7 +68,7 @@ def fedavg(
     """
 
     def server_init(params):
-        return ServerState(params, server_optimizer.init(params))
+        return init_server_state(server_optimizer, params)
 
     def client_update(server_state, client_state, client, arrays, key):
         params, stats = train_locally(server_state.params, loss_fn, client_optimizer, client, arrays, key, schedule)

@@ -1,6 +1,13 @@
-"""Models: Flax modules with a named feature extractor / head split, and the task functions built on them."""
+"""Models: the zoo of Flax modules (each with named stages, a feature extractor and a head) and
+:class:`Classifier`, which turns a module into the engine's loss and evaluation metrics."""
 
-from fedjax_lab.models.classifiers import MLP, LogisticRegression
-from fedjax_lab.models.tasks import Classifier, as_float, cross_entropy_loss, masked_mean
+from fedjax_lab.models.classifiers import MLP, LinearSVM, LogisticRegression
+from fedjax_lab.models.cnns import CNN3, BHerdCNN, FedAvgCNN, SimpleCNN
+from fedjax_lab.models.resnets import ResNet, resnet8, resnet18
+from fedjax_lab.models.staged import StagedModel
+from fedjax_lab.models.tasks import Classifier, Standardize, as_float, as_tokens, cross_entropy_loss, masked_mean
 
-__all__ = ["MLP", "Classifier", "LogisticRegression", "as_float", "cross_entropy_loss", "masked_mean"]
+__all__ = [
+    "CNN3", "MLP", "BHerdCNN", "Classifier", "FedAvgCNN", "LinearSVM", "LogisticRegression", "ResNet", "SimpleCNN",
+    "StagedModel", "Standardize", "as_float", "as_tokens", "cross_entropy_loss", "masked_mean", "resnet8", "resnet18",
+]

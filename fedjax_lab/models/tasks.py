@@ -1,18 +1,27 @@
-"""From a Flax module to the functions the engine consumes: ``predict_fn`` and ``loss_fn``."""
+"""From a Flax module to what the engine consumes: a loss for training and per-example metrics for evaluation.
+
+:class:`Classifier` pairs a model of the zoo with its input pipeline (preprocessing, optional augmentation)
+and its objective. It covers image and tabular classification (labels ``[B]``), BHerd's binary squared-hinge
+SVM, and next-token prediction (labels ``[B, T]``, where tokens equal to ``pad_label`` do not count).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from fedjax_lab.engine.types import LossFn, Params
+from fedjax_lab.engine.types import Arrays, Params
 
 Preprocess = Callable[[jax.Array], jax.Array]
+Augment = Callable[[jax.Array, jax.Array], jax.Array]
+"""``augment(key, x) -> x`` on a raw batch, applied in training only."""
+Objective = Literal["cross_entropy", "squared_hinge"]
 
 
 def as_float(x: jax.Array) -> jax.Array:
@@ -22,31 +31,27 @@ def as_float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32)
 
 
+def as_tokens(x: jax.Array) -> jax.Array:
+    """Token ids pass through unchanged (the model embeds them)."""
+    return x
+
+
 @dataclasses.dataclass(frozen=True)
-class Classifier:
-    """A Flax classifier together with the preprocessing of its raw inputs.
+class Standardize:
+    """``(as_float(x) - mean) / std`` per channel (the last axis), with statistics of the training set."""
 
-    Attributes:
-      module: a Flax module mapping a float batch ``[B, *input_shape]`` to logits.
-      input_shape: the shape of one raw example.
-      preprocess: raw batch -> float batch, applied inside the compiled step (data stays raw on device).
-    """
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
 
-    module: nn.Module
-    input_shape: tuple[int, ...]
-    preprocess: Preprocess = as_float
+    @classmethod
+    def fit(cls, images: np.ndarray) -> "Standardize":
+        """Per-channel mean and std of ``as_float(images)``, computed in float64 on the host."""
+        x = images.astype(np.float64) / (255.0 if np.issubdtype(images.dtype, np.integer) else 1.0)
+        axes = tuple(range(x.ndim - 1))
+        return cls(tuple(x.mean(axes).tolist()), tuple(np.maximum(x.std(axes), 1e-8).tolist()))
 
-    def init(self, key: jax.Array) -> Params:
-        """Initial variables of the module."""
-        return self.module.init(key, jnp.zeros((1,) + tuple(self.input_shape), jnp.float32))
-
-    def predict(self, params: Params, x: jax.Array) -> jax.Array:
-        """Logits of a raw batch."""
-        return self.module.apply(params, self.preprocess(x))
-
-    def num_params(self, params: Params) -> int:
-        """The number of scalars in ``params``."""
-        return sum(int(p.size) for p in jax.tree.leaves(params))
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (as_float(x) - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(self.std, jnp.float32)
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -54,12 +59,104 @@ def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def cross_entropy_loss(predict_fn: Callable[[Params, jax.Array], jax.Array]) -> LossFn:
-    """The mask-weighted mean softmax cross-entropy of a batch ``{'x', 'y', 'mask'}``."""
+def squared_hinge(scores: jax.Array, labels: jax.Array) -> jax.Array:
+    """``0.5 * max(0, 1 - y s)^2`` per example, with ``y = +1`` for label 1 and ``-1`` for label 0."""
+    signs = 2.0 * labels.astype(jnp.float32) - 1.0
+    return 0.5 * jnp.square(jnp.maximum(0.0, 1.0 - signs * scores))
 
-    def loss_fn(params: Params, batch, key: jax.Array) -> jax.Array:
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+    """A Flax model, its input pipeline and its objective.
+
+    Attributes:
+      module: a model mapping a preprocessed batch to logits ``[B, C]`` (or ``[B, T, C]`` for sequences, or
+        scores ``[B]`` for ``squared_hinge``). Modules of the zoo also take ``train`` and ``mask``.
+      input_shape: the shape of one raw example.
+      preprocess: raw batch -> model input, applied inside the compiled step (data stays raw on device).
+      objective: ``'cross_entropy'`` (softmax) or ``'squared_hinge'`` (binary labels 0/1, as BHerd's SVM).
+      l2: adds ``l2 / 2 * ||params||^2`` to the training loss (BHerd's SVM uses 0.1).
+      augment: ``(key, raw_batch) -> raw_batch``, training only.
+      pad_label: for sequence labels, the token that is padding (excluded from loss and accuracy).
+      input_dtype: dtype of the dummy batch used by :meth:`init`.
+    """
+
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    preprocess: Preprocess = as_float
+    objective: Objective = "cross_entropy"
+    l2: float = 0.0
+    augment: Augment | None = None
+    pad_label: int | None = None
+    input_dtype: str = "float32"
+
+    def init(self, key: jax.Array) -> Params:
+        """Initial variables of the module (``{'params': ...}`` plus ``'batch_stats'`` for BatchNorm models)."""
+        x = jnp.zeros((1,) + tuple(self.input_shape), self.input_dtype)
+        return self.module.init(key, self.preprocess(x))
+
+    def predict(self, variables: Params, x: jax.Array) -> jax.Array:
+        """Outputs on a raw batch, in evaluation mode (BatchNorm uses its running averages)."""
+        return self.module.apply(variables, self.preprocess(x))
+
+    def apply_train(self, variables: Params, x: jax.Array, mask: jax.Array, key: jax.Array):
+        """Outputs in training mode and the model's non-trainable collections after the batch."""
+        if self.augment is not None:
+            x = self.augment(key, x)
+        x = self.preprocess(x)
+        state_names = [name for name in variables if name != "params"]
+        if not state_names:
+            return self.module.apply(variables, x), {}
+        return self.module.apply(variables, x, train=True, mask=mask, mutable=state_names)
+
+    def token_weights(self, y: jax.Array, mask: jax.Array) -> jax.Array:
+        """Which labels count: the example mask, broadcast over tokens and without padding tokens."""
+        weights = mask.reshape(mask.shape + (1,) * (y.ndim - 1)).astype(jnp.float32)
+        if self.pad_label is not None:
+            weights = weights * (y != self.pad_label)
+        return jnp.broadcast_to(weights, y.shape)
+
+    def pointwise_loss(self, outputs: jax.Array, y: jax.Array) -> jax.Array:
+        """The objective per label."""
+        if self.objective == "squared_hinge":
+            return squared_hinge(outputs, y)
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, y)
+
+    def correct(self, outputs: jax.Array, y: jax.Array) -> jax.Array:
+        """1.0 where the prediction equals the label."""
+        predicted = (outputs > 0).astype(y.dtype) if self.objective == "squared_hinge" else jnp.argmax(outputs, -1)
+        return (predicted == y).astype(jnp.float32)
+
+    def loss(self, variables: Params, batch: Arrays, key: jax.Array):
+        """The engine's ``LossFn``: mean objective over the real labels of ``{'x', 'y', 'mask'}`` (plus the L2
+        term), and the new model state."""
+        outputs, model_state = self.apply_train(variables, batch["x"], batch["mask"], key)
+        loss = masked_mean(self.pointwise_loss(outputs, batch["y"]), self.token_weights(batch["y"], batch["mask"]))
+        if self.l2:
+            loss = loss + 0.5 * self.l2 * sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(variables["params"]))
+        return loss, model_state
+
+    def example_metrics(self, variables: Params, batch: Arrays) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Per example: summed loss, number correct and number of labels counted (0 for masked rows), so that
+        totals divide into means over labels (tokens, for sequences)."""
+        outputs = self.predict(variables, batch["x"])
+        weights = self.token_weights(batch["y"], batch["mask"])
+        axes = tuple(range(1, weights.ndim))
+        per_label_loss = self.pointwise_loss(outputs, batch["y"]) * weights
+        return (jnp.sum(per_label_loss, axes), jnp.sum(self.correct(outputs, batch["y"]) * weights, axes),
+                jnp.sum(weights, axes))
+
+    def num_params(self, variables: Params) -> int:
+        """The number of trainable scalars."""
+        return sum(int(p.size) for p in jax.tree.leaves(variables["params"]))
+
+
+def cross_entropy_loss(predict_fn: Callable[[Params, jax.Array], jax.Array]):
+    """A ``LossFn`` for a stateless ``predict_fn``: mask-weighted mean softmax cross-entropy, no model state."""
+
+    def loss_fn(params: Params, batch, key: jax.Array):
         del key
         logits = predict_fn(params, batch["x"])
-        return masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]), batch["mask"])
+        return masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]), batch["mask"]), {}
 
     return loss_fn

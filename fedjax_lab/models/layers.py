@@ -1,0 +1,120 @@
+"""Layers shared by the model zoo: convolution with a selectable lowering, pooling, normalisation, LRN.
+
+The lowering of a convolution and of max-pooling changes speed only, never the function computed (tests
+compare them); which is fastest depends on the backend (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Norm = Literal["batch", "group", "none"]
+ConvLowering = Literal["xla", "im2col"]
+
+
+def max_pool_2x2(x: jax.Array, padding: str = "VALID") -> jax.Array:
+    """2x2 max-pooling with stride 2 over ``[B, H, W, C]``.
+
+    Even sizes pool by a reshape and a max, whose gradient is elementwise; XLA's ``reduce_window`` gradient
+    (``select_and_scatter``) is far slower on CPU. Odd sizes fall back to ``nn.max_pool`` (SAME pads on the
+    bottom/right, VALID drops the last row/column).
+    """
+    b, h, w, c = x.shape
+    if h % 2 or w % 2:
+        return nn.max_pool(x, (2, 2), strides=(2, 2), padding=padding)
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str) -> jax.Array:
+    """``[B, H', W', kh*kw*C]`` patches of a stride-1 convolution, built by slicing (rows ordered (kh, kw, C),
+    matching a Flax ``Conv`` kernel ``[kh, kw, C, F]`` reshaped to ``[kh*kw*C, F]``)."""
+    kh, kw = kernel_size
+    if padding == "SAME":
+        x = jnp.pad(x, ((0, 0), ((kh - 1) // 2, kh // 2), ((kw - 1) // 2, kw // 2), (0, 0)))
+    out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    patches = [x[:, i:i + out_h, j:j + out_w, :] for i in range(kh) for j in range(kw)]
+    return jnp.concatenate(patches, axis=-1)
+
+
+class Conv(nn.Module):
+    """A stride-1 2-D convolution, ``[B, H, W, C] -> [B, H', W', features]``, with the parameters of
+    ``nn.Conv`` (``kernel [kh, kw, C, F]``, ``bias [F]``) and a choice of lowering:
+
+    * ``'xla'``: ``lax.conv_general_dilated`` (XLA's convolution);
+    * ``'im2col'``: patches by slicing, then one matrix product.
+    """
+
+    features: int
+    kernel_size: tuple[int, int]
+    padding: str = "SAME"
+    use_bias: bool = True
+    lowering: ConvLowering = "xla"
+    kernel_init: nn.initializers.Initializer = nn.linear.default_kernel_init
+    bias_init: nn.initializers.Initializer = nn.initializers.zeros
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kh, kw = self.kernel_size
+        kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
+        if self.lowering == "im2col":
+            y = im2col(x, self.kernel_size, self.padding) @ kernel.reshape(-1, self.features)
+        else:
+            y = jax.lax.conv_general_dilated(x, kernel, (1, 1), self.padding,
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (self.features,))
+        return y
+
+
+def local_response_norm(x: jax.Array, depth_radius: int = 4, bias: float = 1.0, alpha: float = 0.001 / 9,
+                        beta: float = 0.75) -> jax.Array:
+    """TensorFlow's ``tf.nn.local_response_normalization`` over the channel axis:
+    ``x / (bias + alpha * sum_{|c'-c| <= r} x_{c'}^2) ** beta``."""
+    squared = jnp.pad(jnp.square(x), ((0, 0),) * (x.ndim - 1) + ((depth_radius, depth_radius),))
+    channels = x.shape[-1]
+    window = sum(squared[..., i:i + channels] for i in range(2 * depth_radius + 1))
+    return x / (bias + alpha * window) ** beta
+
+
+class Normalization(nn.Module):
+    """BatchNorm, GroupNorm or nothing, behind one interface.
+
+    BatchNorm uses PyTorch's defaults (momentum 0.1, i.e. Flax ``momentum=0.9``; ``epsilon=1e-5``), batch
+    statistics in training and running averages in evaluation; ``mask [B]`` keeps padded rows of a partial
+    batch out of the statistics.
+    """
+
+    kind: Norm = "batch"
+    groups: int = 2
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None = None) -> jax.Array:
+        if self.kind == "none":
+            return x
+        if self.kind == "group":
+            return nn.GroupNorm(num_groups=self.groups, epsilon=1e-5)(x)
+        mask = None if mask is None else mask.reshape((-1,) + (1,) * (x.ndim - 1)).astype(bool)
+        if mask is not None:
+            mask = jnp.broadcast_to(mask, x.shape)
+        return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)(x, mask=mask)
+
+
+def flatten(x: jax.Array) -> jax.Array:
+    """``[B, ...] -> [B, prod(...)]``."""
+    return x.reshape((x.shape[0], -1))
+
+
+def num_params(variables, collection: str = "params") -> int:
+    """The number of scalars in a collection of Flax variables (all leaves for a plain pytree)."""
+    tree = variables.get(collection, {}) if isinstance(variables, dict) and "params" in variables else variables
+    return sum(int(p.size) for p in jax.tree.leaves(tree))
+
+
+def check_stage(stage: str, stages: Sequence[str], model: str) -> None:
+    """Raises ``ValueError`` naming the allowed split points when ``stage`` is not one of ``stages``."""
+    if stage not in stages:
+        raise ValueError(f"model.split: {model} has no stage {stage!r}; allowed: {list(stages)}")
