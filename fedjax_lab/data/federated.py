@@ -32,6 +32,8 @@ class FederatedDataset:
       client_test_ids, client_test_counts: each client's rows of ``test``, when the data has per-client test
         splits (used for per-client evaluation); ``None`` otherwise.
       num_classes: the number of labels.
+      class_names: one name per label, when known.
+      server: data held by the server and by no client (``{'x', 'y'}``), or ``None``.
     """
 
     name: str
@@ -42,6 +44,8 @@ class FederatedDataset:
     num_classes: int
     client_test_ids: np.ndarray | None = None
     client_test_counts: np.ndarray | None = None
+    class_names: tuple[str, ...] = ()
+    server: dict[str, np.ndarray] | None = None
 
     def __post_init__(self):
         if self.client_train_counts.min(initial=1) < 1:
@@ -87,6 +91,7 @@ class FederatedDataset:
     def summary(self) -> str:
         """One line: clients, examples, and the spread of client sizes."""
         c = self.client_train_counts
+        server = f", server {len(self.server['y'])} examples" if self.server is not None else ""
         return (f"{self.name}: {self.num_clients} clients, {len(self.train['y'])} train / {len(self.test['y'])} test "
                 f"examples, {self.num_classes} classes, input {self.input_shape}, client size min {c.min()} "
-                f"median {int(np.median(c))} max {c.max()}")
+                f"median {int(np.median(c))} max {c.max()}{server}")

@@ -9,38 +9,88 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lab.data import FederatedDataset, fedprox_synthetic, gaussian_mixture
+import flax.linen as nn
+import numpy as np
+
+from fedjax_lab import models
+from fedjax_lab.data import FederatedDataset
 from fedjax_lab.engine import (Algorithm, CohortPlan, Evaluator, LocalSchedule, LoopState, RoundInputs,
                                init_loop_state, make_run_rounds, randomness)
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.methods import server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.models import MLP, Classifier, LogisticRegression, cross_entropy_loss
+from fedjax_lab.experiments.datasets import build_dataset
+from fedjax_lab.models import augment
 
 
-def build_dataset(config: Config) -> FederatedDataset:
-    """The federated dataset named by ``config.dataset``."""
-    d = config.dataset
-    seed = config.seed if d.seed is None else d.seed
-    if d.name == "synthetic":
-        return fedprox_synthetic(d.alpha, d.beta, d.num_clients, d.iid, d.dimension, d.num_classes,
-                                 d.train_fraction, seed)
-    if d.name == "gaussian_mixture":
-        return gaussian_mixture(d.num_clients, d.examples_per_client, d.num_classes, d.dimension, d.separation,
-                                d.label_alpha, d.train_fraction, seed)
-    raise ConfigError(f"dataset.name: unknown dataset {d.name!r}")
+def default_lowering(backend: str) -> str:
+    """The convolution lowering when ``model.lowering`` is ``auto`` (docs/benchmarks.md has the measurements)."""
+    return "xla"
 
 
-def build_classifier(config: Config, dataset: FederatedDataset) -> Classifier:
-    """The model named by ``config.model``, sized for the dataset."""
-    m = config.model
-    if m.name == "logistic_regression":
-        module = LogisticRegression(dataset.num_classes)
-    elif m.name == "mlp":
-        module = MLP(dataset.num_classes, tuple(m.hidden))
+def build_module(config: Config, dataset: FederatedDataset) -> nn.Module:
+    """The Flax module named by ``config.model``, sized for the dataset."""
+    m, k = config.model, dataset.num_classes
+    lowering = default_lowering(jax.default_backend()) if m.lowering == "auto" else m.lowering
+    if m.name == "char_rnn":
+        return models.CharRNN(k, m.embed_dim, m.rnn_hidden)
+    if m.name in ("resnet8", "resnet18"):
+        return getattr(models, m.name)(k, m.norm, m.groups)
+    if m.name == "fedavg_cnn":
+        return models.FedAvgCNN(k, m.padding, lowering)
+    if m.name in ("simple_cnn", "bherd_cnn", "cnn3"):
+        cls = {"simple_cnn": models.SimpleCNN, "bherd_cnn": models.BHerdCNN, "cnn3": models.CNN3}[m.name]
+        return cls(k, lowering)
+    if m.name == "mlp":
+        return models.MLP(k, tuple(m.hidden))
+    if m.name == "linear_svm":
+        if k != 2:
+            raise ConfigError(f"model.name: linear_svm needs 2 classes, {dataset.name} has {k}; "
+                              "set dataset.labels=parity")
+        return models.LinearSVM()
+    return models.LogisticRegression(k)
+
+
+def build_augment(config: Config, dataset: FederatedDataset):
+    """The training augmentation: crop/flip from ``dataset.augment`` and feature-skew noise, chained."""
+    steps = []
+    if getattr(config.dataset, "augment", "none") == "crop_flip":
+        steps.append(augment.crop_and_flip)
+    elif getattr(config.dataset, "augment", "none") == "flip":
+        steps.append(augment.random_flip)
+    if "noise_std" in dataset.train:
+        steps.append(augment.gaussian_noise)
+    return augment.chain(*steps) if steps else None
+
+
+def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classifier:
+    """The model of ``config.model`` with its input pipeline and objective; checks that it fits the data.
+
+    Raises:
+      ConfigError: the model cannot take the dataset's inputs (checked by shape inference, before compiling).
+    """
+    module = build_module(config, dataset)
+    if config.dataset.name == "shakespeare":
+        if config.model.name != "char_rnn":
+            raise ConfigError(f"model.name: shakespeare needs char_rnn (token inputs), got {config.model.name!r}")
+        classifier = models.Classifier(module, dataset.input_shape, models.as_tokens, pad_label=0,
+                                       input_dtype="int32")
     else:
-        raise ConfigError(f"model.name: unknown model {m.name!r}")
-    return Classifier(module, dataset.input_shape)
+        if config.model.name == "char_rnn":
+            raise ConfigError(f"model.name: char_rnn needs token inputs (dataset shakespeare), got "
+                              f"{config.dataset.name!r}")
+        standardize = getattr(config.dataset, "standardize", False) and dataset.train["x"].dtype == np.uint8
+        preprocess = models.Standardize.fit(dataset.train["x"]) if standardize else models.as_float
+        classifier = models.Classifier(
+            module, dataset.input_shape, preprocess,
+            objective="squared_hinge" if config.model.name == "linear_svm" else "cross_entropy",
+            l2=config.model.l2, augment=build_augment(config, dataset))
+    try:
+        jax.eval_shape(classifier.init, jax.random.key(0))
+    except Exception as exc:  # noqa: BLE001 - any failure of shape inference means the model does not fit
+        raise ConfigError(f"model.name: {config.model.name} does not fit inputs of shape {dataset.input_shape} "
+                          f"from dataset.name={config.dataset.name}: {str(exc).splitlines()[0]}") from None
+    return classifier
 
 
 def build_client_optimizer(config: Config) -> optax.GradientTransformation:
@@ -78,7 +128,7 @@ def default_chunk_size(cohort_size: int, backend: str) -> int | None:
     return 2 if cohort_size % 2 == 0 else 1
 
 
-def build_algorithm(config: Config, classifier: Classifier, dataset: FederatedDataset) -> Algorithm:
+def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
     """The FL algorithm of ``config.algorithm``."""
     return fedavg(classifier.loss, build_client_optimizer(config),
                   build_server_optimizer(config), build_schedule(config, dataset), config.algorithm.weighting)
@@ -90,7 +140,7 @@ class Experiment:
 
     config: Config
     dataset: FederatedDataset
-    classifier: Classifier
+    classifier: models.Classifier
     algorithm: Algorithm
     plan: CohortPlan
     inputs: RoundInputs
@@ -127,7 +177,7 @@ def build_experiment(config: Config) -> Experiment:
         train_arrays=jax.device_put(dataset.train),
         client_example_ids=jnp.asarray(dataset.client_train_ids),
         client_num_examples=jnp.asarray(dataset.client_train_counts),
-        server_arrays={},
+        server_arrays=jax.device_put(dataset.server) if dataset.server is not None else {},
     )
     per_client = config.eval.per_client and dataset.client_test_ids is not None
     evaluator = Evaluator(classifier.example_metrics, dataset.test, config.eval.batch_size,

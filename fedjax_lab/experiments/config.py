@@ -52,13 +52,105 @@ class GaussianMixtureDataset(Section):
     seed: int | None = None
 
 
-DatasetConfig = Annotated[Union[SyntheticDataset, GaussianMixtureDataset], Field(discriminator="name")]
+class PartitionConfig(Section):
+    """How the training rows are dealt to clients (``fedjax_lab/data/partitions.py``)."""
+
+    name: Literal["iid", "dirichlet", "dirichlet_client", "classes_per_client", "shards", "quantity_skew",
+                  "feature_skew", "bherd_case"] = "dirichlet"
+    num_clients: PositiveInt = 100
+    alpha: PositiveFloat = Field(0.5, description="dirichlet, dirichlet_client, quantity_skew")
+    min_size: int = Field(10, ge=1, description="dirichlet, quantity_skew: fewest rows a client may get")
+    max_attempts: PositiveInt = Field(100, description="dirichlet, quantity_skew: redraws before giving up")
+    classes: PositiveInt = Field(2, description="classes_per_client")
+    shards_per_client: PositiveInt = Field(2, description="shards")
+    client_size: PositiveInt | None = Field(None, description="dirichlet_client; default N // num_clients")
+    noise: float = Field(0.1, ge=0, description="feature_skew: client i gets noise * i / (n - 1)")
+    case: Literal[1, 2, 3] = Field(1, description="bherd_case")
+    file: str | None = Field(None, description="load a saved partition.npz instead of partitioning")
+    seed: int | None = Field(None, description="defaults to the run's seed")
+
+
+class ServerDataConfig(Section):
+    """Data held by the server and by no client (FedWalk, Feddle)."""
+
+    kind: Literal["in_domain", "out_of_domain", "withheld_classes"]
+    size: PositiveInt = 1000
+    dataset: str | None = Field(None, description="out_of_domain: another dataset of the same source")
+    classes: tuple[int, ...] = Field((), description="withheld_classes: classes no client sees")
+    stratified: bool = Field(True, description="in_domain: balance the classes")
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self):
+        if self.kind == "out_of_domain" and not self.dataset:
+            raise ValueError("dataset.server_data.dataset is required when kind is 'out_of_domain'")
+        if self.kind == "withheld_classes" and not self.classes:
+            raise ValueError("dataset.server_data.classes is required when kind is 'withheld_classes'")
+        return self
+
+
+IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "svhn_cropped", "image_folder")
+
+
+class ImageDataset(Section):
+    """A centralised image dataset from local archives or tensorflow-datasets, partitioned into clients."""
+
+    name: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "svhn_cropped", "image_folder"]
+    source: Literal["local", "tfds"] = "local"
+    data_dir: str | None = Field(None, description="local: folder of the archives (default $FEDJAX_LAB_DATA or "
+                                                   "../shared/data); tfds: the tfds data dir; image_folder: root")
+    tfds_name: str | None = Field(None, description="tfds builder name when it differs, e.g. emnist/balanced")
+    labels: Literal["fine", "coarse", "parity"] = Field("fine", description="coarse: CIFAR-100 superclasses; "
+                                                                            "parity: even (1) vs odd (0)")
+    partition: PartitionConfig = PartitionConfig()
+    server_data: ServerDataConfig | None = None
+    standardize: bool = Field(True, description="per-channel standardisation with training-set statistics")
+    augment: Literal["none", "flip", "crop_flip"] = "none"
+    seed: int | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return self.partition.num_clients
+
+    @model_validator(mode="after")
+    def _source_has_it(self):
+        if self.source == "local" and self.name in ("emnist", "svhn_cropped"):
+            raise ValueError(f"dataset.source: {self.name!r} has no local archive; use dataset.source=tfds")
+        if self.name == "image_folder" and not self.data_dir:
+            raise ValueError("dataset.data_dir is required for image_folder (root of train/<class>/<image>)")
+        return self
+
+
+class ShakespeareDataset(Section):
+    """Federated Shakespeare: one client per role (natural partition), next-character prediction."""
+
+    name: Literal["shakespeare"]
+    data_dir: str | None = None
+    sequence_length: PositiveInt = 80
+    num_clients: PositiveInt = Field(715, le=715, description="the first num_clients roles")
+
+
+DatasetConfig = Annotated[Union[SyntheticDataset, GaussianMixtureDataset, ImageDataset, ShakespeareDataset],
+                          Field(discriminator="name")]
 
 
 # ------------------------------------------------------------------------------------------------- models
+MODELS = ("logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "resnet8",
+          "resnet18", "char_rnn")
+
+
 class ModelConfig(Section):
-    name: Literal["logistic_regression", "mlp"]
-    hidden: tuple[PositiveInt, ...] = (200, 200)
+    """A model of the zoo (``fedjax_lab/models``)."""
+
+    name: Literal["logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
+                  "resnet8", "resnet18", "char_rnn"]
+    hidden: tuple[PositiveInt, ...] = Field((200, 200), description="mlp")
+    padding: Literal["SAME", "VALID"] = Field("SAME", description="fedavg_cnn")
+    norm: Literal["batch", "group", "none"] = Field("batch", description="resnet8, resnet18")
+    groups: PositiveInt = Field(2, description="GroupNorm groups")
+    lowering: Literal["auto", "xla", "im2col"] = Field("auto", description="CNN convolutions (speed only)")
+    l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
+    embed_dim: PositiveInt = Field(8, description="char_rnn")
+    rnn_hidden: PositiveInt = Field(256, description="char_rnn")
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -141,7 +233,8 @@ class Config(Section):
 
 
 # ------------------------------------------------------------------------------------------- loading
-_DATASETS = {"synthetic": SyntheticDataset, "gaussian_mixture": GaussianMixtureDataset}
+_DATASETS = {"synthetic": SyntheticDataset, "gaussian_mixture": GaussianMixtureDataset, "shakespeare": ShakespeareDataset,
+             **{name: ImageDataset for name in IMAGE_DATASETS}}
 
 
 def _allowed_keys(model: type[BaseModel] | None) -> list[str]:

@@ -6,6 +6,7 @@ Layout::
     RUN_DIR/metrics.jsonl    one JSON object per round (and round 0), appended as blocks finish
     RUN_DIR/summary.json     final and best metrics, timings
     RUN_DIR/curves.png       accuracy and loss against rounds
+    RUN_DIR/partition.*      the clients' rows (npz, reloadable), class counts (md) and their plot (png)
     RUN_DIR/checkpoints/     Orbax checkpoints of the whole loop state, by round
 """
 

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.experiments.build import Experiment, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
 from fedjax_lab.experiments.plots import plot_runs
@@ -70,6 +71,7 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         directory.truncate_metrics(int(state.round))
     else:
         directory.config_path.write_text(to_yaml(config))
+        write_partition_report(experiment.dataset, run_dir, {"seed": config.seed})
         directory.metrics_path.write_text("")
         directory.append_metrics([{"round": 0, **experiment.evaluate(state)}])
 

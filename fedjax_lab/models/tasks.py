@@ -19,8 +19,8 @@ import optax
 from fedjax_lab.engine.types import Arrays, Params
 
 Preprocess = Callable[[jax.Array], jax.Array]
-Augment = Callable[[jax.Array, jax.Array], jax.Array]
-"""``augment(key, x) -> x`` on a raw batch, applied in training only."""
+Augment = Callable[[jax.Array, Arrays], jax.Array]
+"""``augment(key, batch) -> x``: new raw inputs for a training batch (see :mod:`.augment`)."""
 Objective = Literal["cross_entropy", "squared_hinge"]
 
 
@@ -76,7 +76,7 @@ class Classifier:
       preprocess: raw batch -> model input, applied inside the compiled step (data stays raw on device).
       objective: ``'cross_entropy'`` (softmax) or ``'squared_hinge'`` (binary labels 0/1, as BHerd's SVM).
       l2: adds ``l2 / 2 * ||params||^2`` to the training loss (BHerd's SVM uses 0.1).
-      augment: ``(key, raw_batch) -> raw_batch``, training only.
+      augment: ``(key, batch) -> x``, training only (see :mod:`.augment`).
       pad_label: for sequence labels, the token that is padding (excluded from loss and accuracy).
       input_dtype: dtype of the dummy batch used by :meth:`init`.
     """
@@ -99,11 +99,10 @@ class Classifier:
         """Outputs on a raw batch, in evaluation mode (BatchNorm uses its running averages)."""
         return self.module.apply(variables, self.preprocess(x))
 
-    def apply_train(self, variables: Params, x: jax.Array, mask: jax.Array, key: jax.Array):
+    def apply_train(self, variables: Params, batch: Arrays, key: jax.Array):
         """Outputs in training mode and the model's non-trainable collections after the batch."""
-        if self.augment is not None:
-            x = self.augment(key, x)
-        x = self.preprocess(x)
+        x = self.preprocess(batch["x"] if self.augment is None else self.augment(key, batch))
+        mask = batch["mask"]
         state_names = [name for name in variables if name != "params"]
         if not state_names:
             return self.module.apply(variables, x), {}
@@ -130,7 +129,7 @@ class Classifier:
     def loss(self, variables: Params, batch: Arrays, key: jax.Array):
         """The engine's ``LossFn``: mean objective over the real labels of ``{'x', 'y', 'mask'}`` (plus the L2
         term), and the new model state."""
-        outputs, model_state = self.apply_train(variables, batch["x"], batch["mask"], key)
+        outputs, model_state = self.apply_train(variables, batch, key)
         loss = masked_mean(self.pointwise_loss(outputs, batch["y"]), self.token_weights(batch["y"], batch["mask"]))
         if self.l2:
             loss = loss + 0.5 * self.l2 * sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(variables["params"]))

@@ -1,0 +1,87 @@
+"""Partition reports: per-client class counts as a table and as a plot, and saving/reloading a partition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_lab.data.partitions import ClientRows
+
+
+def save_partition(path: str | Path, client_rows: ClientRows, meta: dict) -> None:
+    """Writes client rows (concatenated, with offsets) and ``meta`` (JSON) to an ``.npz`` file."""
+    offsets = np.cumsum([0] + [len(rows) for rows in client_rows])
+    rows = np.concatenate(client_rows) if client_rows else np.zeros(0, np.int64)
+    np.savez(path, rows=rows, offsets=offsets, meta=np.asarray(json.dumps(meta)))
+
+
+def load_partition(path: str | Path) -> tuple[ClientRows, dict]:
+    """Reads what :func:`save_partition` wrote: ``(client_rows, meta)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset.partition.file: no saved partition at {path}")
+    with np.load(path) as z:
+        offsets, rows = z["offsets"], z["rows"]
+        meta = json.loads(str(z["meta"]))
+    return [rows[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)], meta
+
+
+def counts_table(counts: np.ndarray, class_names: tuple[str, ...] | None = None, max_rows: int = 30) -> str:
+    """A Markdown table of per-client class counts (first ``max_rows`` clients) with a totals row."""
+    k = counts.shape[1]
+    names = list(class_names or [str(i) for i in range(k)])
+    head = "| client | " + " | ".join(names) + " | total |\n|---:|" + "---:|" * (k + 1)
+    lines = [f"| {i} | " + " | ".join(str(int(c)) for c in row) + f" | {int(row.sum())} |"
+             for i, row in enumerate(counts[:max_rows])]
+    if len(counts) > max_rows:
+        lines.append(f"| ... {len(counts) - max_rows} more | " + " | " * k)
+    lines.append("| **all** | " + " | ".join(str(int(c)) for c in counts.sum(0)) + f" | {int(counts.sum())} |")
+    sizes = counts.sum(1)
+    classes_held = (counts > 0).sum(1)
+    summary = (f"\n{len(counts)} clients; size min {sizes.min()} median {int(np.median(sizes))} max {sizes.max()}; "
+               f"classes per client min {classes_held.min()} median {int(np.median(classes_held))} "
+               f"max {classes_held.max()}\n")
+    return "\n".join([head] + lines) + "\n" + summary
+
+
+def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clients: int = 100) -> None:
+    """Saves a stacked bar chart of per-client class counts (one bar per client, one colour per class)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = counts[:max_clients]
+    fig, ax = plt.subplots(figsize=(min(max(6, len(counts) * 0.12), 16), 4))
+    bottom = np.zeros(len(counts))
+    colours = plt.get_cmap("tab20" if counts.shape[1] > 10 else "tab10")
+    for k in range(counts.shape[1]):
+        ax.bar(np.arange(len(counts)), counts[:, k], bottom=bottom, width=0.9, color=colours(k % colours.N),
+               label=str(k) if counts.shape[1] <= 20 else None)
+        bottom += counts[:, k]
+    ax.set_xlabel("client")
+    ax.set_ylabel("examples")
+    ax.set_title(title)
+    if counts.shape[1] <= 20:
+        ax.legend(title="class", ncol=2, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_partition_report(dataset, out_dir: str | Path, meta: dict | None = None) -> str:
+    """Writes ``partition.npz`` (reloadable with ``dataset.partition.file``), ``partition.md`` (class-count table)
+    and ``partition.png`` for a :class:`~fedjax_lab.data.FederatedDataset` with one label per example; returns
+    the table. Sequence datasets get only ``partition.npz``."""
+    out_dir = Path(out_dir)
+    rows = [dataset.client_train_ids[k, :n] for k, n in enumerate(dataset.client_train_counts)]
+    save_partition(out_dir / "partition.npz", rows, {"dataset": dataset.name, **(meta or {})})
+    if dataset.train["y"].ndim != 1:
+        return ""
+    counts = np.stack([np.bincount(dataset.train["y"][r], minlength=dataset.num_classes) for r in rows])
+    table = counts_table(counts, dataset.class_names or None)
+    (out_dir / "partition.md").write_text(f"# Partition of {dataset.name}\n\n{table}")
+    plot_counts(counts, out_dir / "partition.png", title=dataset.summary().split(":")[0])
+    return table

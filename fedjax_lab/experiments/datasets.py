@@ -1,0 +1,115 @@
+"""From ``config.dataset`` to a :class:`FederatedDataset`: load, carve server data, partition, index."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_lab.data import partitions
+from fedjax_lab.data.federated import FederatedDataset, index_table
+from fedjax_lab.data.report import load_partition
+from fedjax_lab.data.server_data import carve_in_domain, sample_rows, withhold_classes
+from fedjax_lab.data.shakespeare import load_shakespeare
+from fedjax_lab.data.sources import CentralDataset, load_image_folder, load_local, relabel_parity
+from fedjax_lab.data.synthetic import fedprox_synthetic, gaussian_mixture
+from fedjax_lab.experiments.config import (Config, ConfigError, ImageDataset, PartitionConfig, ServerDataConfig)
+
+
+def load_central(d: ImageDataset, name: str | None = None) -> CentralDataset:
+    """The centralised dataset ``name`` (default ``d.name``) from ``d.source``, with ``d.labels`` applied."""
+    name = name or d.name
+    if name == "image_folder":
+        data = load_image_folder(d.data_dir)
+    elif d.source == "tfds":
+        from fedjax_lab.data.tfds_source import load_tfds
+
+        raw = load_tfds(d.tfds_name or name, d.data_dir)
+        data = CentralDataset(name, raw["train"], raw["test"], raw["num_classes"], tuple(raw["class_names"]))
+    else:
+        data = load_local(name, d.data_dir, "coarse" if d.labels == "coarse" else "fine")
+    return relabel_parity(data) if d.labels == "parity" else data
+
+
+def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, seed: int) -> list[np.ndarray]:
+    """Client rows (indices into ``labels``) for the partition ``p``."""
+    n = p.num_clients
+    if p.name in ("iid", "feature_skew"):
+        return partitions.iid(labels, n, seed)
+    if p.name == "dirichlet":
+        return partitions.dirichlet_label_skew(labels, n, p.alpha, seed, num_classes, p.min_size, p.max_attempts)
+    if p.name == "dirichlet_client":
+        return partitions.dirichlet_client_mix(labels, n, p.alpha, seed, num_classes, p.client_size)
+    if p.name == "classes_per_client":
+        return partitions.classes_per_client(labels, n, p.classes, seed, num_classes)
+    if p.name == "shards":
+        return partitions.shards(labels, n, p.shards_per_client, seed)
+    if p.name == "quantity_skew":
+        return partitions.quantity_skew(labels, n, p.alpha, seed, p.min_size, p.max_attempts)
+    return partitions.bherd_case(labels, n, p.case, num_classes)
+
+
+def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
+                 seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``(server_arrays, client_rows)``: the server's data and the training rows left for the clients."""
+    labels = data.train["y"]
+    if s.kind == "in_domain":
+        server_rows, rest = carve_in_domain(labels, s.size, seed, s.stratified)
+    elif s.kind == "withheld_classes":
+        server_rows, rest = withhold_classes(labels, list(s.classes), s.size, seed)
+    else:
+        other = load_central(d, s.dataset)
+        if other.input_shape != data.input_shape:
+            raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not match "
+                              f"{d.name} inputs {data.input_shape}")
+        rows = sample_rows(len(other.train["y"]), s.size, seed)
+        return {"x": other.train["x"][rows], "y": other.train["y"][rows]}, np.arange(len(labels))
+    return {"x": data.train["x"][server_rows], "y": labels[server_rows]}, rest
+
+
+def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
+    """Loads, carves server data, partitions the rest (or reloads ``partition.file``) and indexes the clients."""
+    data = load_central(d)
+    server, rows = None, np.arange(len(data.train["y"]))
+    if d.server_data is not None:
+        server, rows = server_split(d, d.server_data, data, seed)
+    p = d.partition
+    if p.file:
+        client_rows, _ = load_partition(p.file)
+        if len(client_rows) != p.num_clients:
+            raise ConfigError(f"dataset.partition.file holds {len(client_rows)} clients, but "
+                              f"dataset.partition.num_clients is {p.num_clients}")
+    else:
+        local = partition_rows(data.train["y"][rows], p, data.num_classes, seed if p.seed is None else p.seed)
+        client_rows = [rows[r] for r in local]
+    train = dict(data.train)
+    if p.name == "feature_skew":
+        levels = partitions.feature_noise_levels(p.num_clients, p.noise)
+        train["noise_std"] = np.zeros(len(train["y"]), np.float32)
+        for k, r in enumerate(client_rows):
+            train["noise_std"][r] = levels[k]
+    ids, counts = index_table(client_rows)
+    return FederatedDataset(data.name, train, data.test, ids, counts, data.num_classes,
+                            class_names=data.class_names, server=server)
+
+
+def build_dataset(config: Config) -> FederatedDataset:
+    """The federated dataset named by ``config.dataset``.
+
+    Raises:
+      ConfigError: a missing file, an impossible partition, or server data that does not fit.
+    """
+    d = config.dataset
+    seed = config.seed if getattr(d, "seed", None) is None else d.seed
+    try:
+        if d.name == "synthetic":
+            return fedprox_synthetic(d.alpha, d.beta, d.num_clients, d.iid, d.dimension, d.num_classes,
+                                     d.train_fraction, seed)
+        if d.name == "gaussian_mixture":
+            return gaussian_mixture(d.num_clients, d.examples_per_client, d.num_classes, d.dimension, d.separation,
+                                    d.label_alpha, d.train_fraction, seed)
+        if d.name == "shakespeare":
+            return load_shakespeare(d.data_dir, d.sequence_length, d.num_clients)
+        return build_image_dataset(d, seed)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from None
