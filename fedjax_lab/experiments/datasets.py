@@ -22,7 +22,8 @@ def load_central(d: ImageDataset, name: str | None = None) -> CentralDataset:
     elif d.source == "tfds":
         from fedjax_lab.data.tfds_source import load_tfds
 
-        raw = load_tfds(d.tfds_name or name, d.data_dir)
+        raw = load_tfds(d.tfds_name or name, d.data_dir,
+                        label_key="coarse_label" if d.labels == "coarse" else "label")
         data = CentralDataset(name, raw["train"], raw["test"], raw["num_classes"], tuple(raw["class_names"]))
     else:
         data = load_local(name, d.data_dir, "coarse" if d.labels == "coarse" else "fine")

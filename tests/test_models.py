@@ -1,0 +1,184 @@
+"""The model zoo: parameter counts, stage splits, convolution lowerings, BatchNorm state through a round."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_lab.data import FederatedDataset, index_table
+from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds
+from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.server_optimizers import fedavg_server
+from fedjax_lab.models import (CNN3, MLP, BHerdCNN, Classifier, FedAvgCNN, LinearSVM, LogisticRegression, SimpleCNN,
+                               resnet8, resnet18)
+from fedjax_lab.models.augment import crop_and_flip, gaussian_noise
+from fedjax_lab.models.layers import Conv, local_response_norm, max_pool_2x2
+from fedjax_lab.models.recurrent import CharRNN
+from tests.conftest import make_inputs
+
+MNIST, CIFAR = (28, 28, 1), (32, 32, 3)
+
+
+@pytest.mark.parametrize("module, shape, count", [
+    (FedAvgCNN(10, "SAME"), MNIST, 1_663_370),
+    (FedAvgCNN(10, "VALID"), MNIST, 582_026),
+    (FedAvgCNN(10, "VALID"), CIFAR, 878_538),
+    (SimpleCNN(10), CIFAR, 62_006),
+    (SimpleCNN(10), MNIST, 44_426),
+    (BHerdCNN(10), MNIST, 430_698),
+    (BHerdCNN(10), CIFAR, 555_178),
+    (CNN3(100), CIFAR, 69_380),
+    (MLP(10, (200, 200)), MNIST, 199_210),
+    (LogisticRegression(10), MNIST, 7_850),
+    (LinearSVM(), MNIST, 784),
+    (resnet18(10, "batch"), CIFAR, 11_173_962),
+    (resnet18(10, "group"), CIFAR, 11_173_962),
+])
+def test_parameter_counts(module, shape, count):
+    variables = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1,) + shape))
+    assert sum(p.size for p in jax.tree.leaves(variables["params"])) == count
+
+
+def test_char_rnn_has_the_tff_parameter_count():
+    clf = Classifier(CharRNN(90), (80,), preprocess=lambda x: x, pad_label=0, input_dtype="int32")
+    assert clf.num_params(jax.eval_shape(clf.init, jax.random.key(0))) == 820_522
+
+
+@pytest.mark.parametrize("module, split", [(resnet18(10, "group"), "layer2"), (resnet8(10, "group"), "layer1"),
+                                           (SimpleCNN(10), "conv2"), (MLP(10, (8, 6)), "hidden_0")])
+def test_lower_then_upper_equals_the_whole_network(module, split):
+    x = jax.random.normal(jax.random.key(1), (2,) + CIFAR)
+    variables = module.init(jax.random.key(0), x)
+    h = module.apply(variables, x, split, method="lower")
+    np.testing.assert_allclose(module.apply(variables, h, split, method="upper"), module.apply(variables, x),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(module.apply(variables, module.apply(variables, x, method="features"), method="head"),
+                               module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
+def test_resnet18_splits_have_fedimpro_feature_shapes():
+    module = resnet18(10, "group")
+    x = jnp.zeros((1,) + CIFAR)
+    variables = jax.eval_shape(module.init, jax.random.key(0), x)
+    shapes = {s: jax.eval_shape(lambda v: module.apply(v, x, s, method="lower"), variables).shape
+              for s in ("layer1", "layer2", "layer3", "pool")}
+    assert shapes == {"layer1": (1, 32, 32, 64), "layer2": (1, 16, 16, 128), "layer3": (1, 8, 8, 256),
+                      "pool": (1, 512)}
+
+
+def test_unknown_split_names_the_allowed_stages():
+    with pytest.raises(ValueError, match="allowed: \\['conv1', 'conv2', 'fc1', 'fc2'\\]"):
+        SimpleCNN(10).apply(SimpleCNN(10).init(jax.random.key(0), jnp.zeros((1,) + CIFAR)), jnp.zeros((1,) + CIFAR),
+                            "conv9", method="lower")
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_im2col_convolution_equals_xla_convolution_and_its_gradients(padding):
+    x = jax.random.normal(jax.random.key(0), (3, 12, 10, 4))
+    xla, im2col = Conv(5, (5, 3), padding, lowering="xla"), Conv(5, (5, 3), padding, lowering="im2col")
+    params = xla.init(jax.random.key(1), x)
+
+    def loss(conv, p, x):
+        return jnp.sum(jnp.sin(conv.apply(p, x)))
+
+    np.testing.assert_allclose(im2col.apply(params, x), xla.apply(params, x), rtol=1e-4, atol=1e-4)
+    for a, b in zip(jax.tree.leaves(jax.grad(loss, argnums=(1, 2))(im2col, params, x)),
+                    jax.tree.leaves(jax.grad(loss, argnums=(1, 2))(xla, params, x))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_reshape_max_pool_equals_reduce_window_max_pool():
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.key(0), (2, 8, 6, 3))
+    np.testing.assert_allclose(max_pool_2x2(x), nn.max_pool(x, (2, 2), (2, 2)))
+    odd = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
+    assert max_pool_2x2(odd, "SAME").shape == (2, 4, 4, 3) and max_pool_2x2(odd).shape == (2, 3, 3, 3)
+
+
+def test_local_response_norm_matches_the_formula():
+    x = jax.random.normal(jax.random.key(0), (1, 2, 2, 12))
+    c = 5
+    window = jnp.sum(jnp.square(x[..., c - 4:c + 5]), -1)
+    np.testing.assert_allclose(local_response_norm(x)[..., c], x[..., c] / (1 + 0.001 / 9 * window) ** 0.75,
+                               rtol=1e-6)
+
+
+def test_squared_hinge_svm_loss_and_gradient_match_bherd():
+    clf = Classifier(LinearSVM(), (4,), objective="squared_hinge", l2=0.1)
+    variables = {"params": {"output": {"kernel": jnp.array([[0.5], [-1.0], [0.2], [0.0]])}}}
+    x = jnp.array([[1.0, 0.0, 1.0, 2.0], [0.0, 1.0, 0.0, -1.0], [2.0, 2.0, 0.0, 0.0]])
+    y = jnp.array([1, 0, 1])
+    batch = {"x": x, "y": y, "mask": jnp.ones(3)}
+    w = variables["params"]["output"]["kernel"][:, 0]
+    s, signs = x @ w, 2.0 * y - 1.0
+    margin = jnp.maximum(0.0, 1 - signs * s)
+    expected = 0.05 * jnp.sum(w**2) + 0.5 * jnp.mean(margin**2)
+    np.testing.assert_allclose(clf.loss(variables, batch, None)[0], expected, rtol=1e-6)
+    grad = jax.grad(lambda v: clf.loss(v, batch, None)[0])(variables)["params"]["output"]["kernel"][:, 0]
+    np.testing.assert_allclose(grad, 0.1 * w - jnp.mean((signs * margin)[:, None] * x, 0), rtol=1e-5)
+
+
+def _image_dataset(num_clients=4, per_client=12, shape=(8, 8, 3)):
+    rng = np.random.RandomState(0)
+    n = num_clients * per_client
+    x = rng.randint(0, 256, (n,) + shape).astype(np.uint8)
+    y = rng.randint(0, 3, n).astype(np.int32)
+    ids, counts = index_table(np.array_split(np.arange(n), num_clients))
+    return FederatedDataset("images", {"x": x, "y": y}, {"x": x, "y": y}, ids, counts, 3)
+
+
+def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
+    data = _image_dataset()
+    clf = Classifier(resnet8(3, "batch"), data.input_shape)
+    algorithm = fedavg(clf.loss, optax.sgd(0.0), fedavg_server(1.0), LocalSchedule(5, local_steps=2))
+    variables = clf.init(jax.random.key(0))
+    state = init_loop_state(algorithm, variables, data.num_clients)
+    state, _ = make_run_rounds(algorithm, CohortPlan(4, 4))(state, make_inputs(data), num_rounds=1)
+    new = state.server_state.params
+    # With lr 0 the weights stay put, but the running statistics move (PyTorch momentum 0.1 per step).
+    jax.tree.map(np.testing.assert_array_equal, new["params"], variables["params"])
+    moved = [float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(new["batch_stats"]),
+                                                            jax.tree.leaves(variables["batch_stats"]))]
+    assert min(moved) > 0
+    # And the server's statistics are the weighted mean of each client's own, computed one client at a time.
+    from fedjax_lab.engine import ClientData, train_locally
+    from fedjax_lab.engine import randomness
+
+    inputs = make_inputs(data)
+    stats = []
+    for k in range(4):
+        client = ClientData(jnp.int32(k), jnp.asarray(data.client_train_ids[k]), jnp.int32(12))
+        key = randomness.client_key(inputs.key, 0, k)
+        out, _ = train_locally(variables, clf.loss, optax.sgd(0.0), client, inputs.train_arrays, key,
+                               LocalSchedule(5, local_steps=2))
+        stats.append(out["batch_stats"])
+    expected = jax.tree.map(lambda *s: sum(s) / 4, *stats)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new["batch_stats"], expected)
+
+
+def test_masked_rows_do_not_enter_batch_statistics():
+    clf = Classifier(resnet8(3, "batch"), (8, 8, 3))
+    variables = clf.init(jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
+    garbage = x.at[2:].set(1e3)
+    mask = jnp.array([1.0, 1.0, 0.0, 0.0])
+    _, clean = clf.apply_train(variables, {"x": x[:2], "y": jnp.zeros(2, int), "mask": jnp.ones(2)}, None)
+    _, masked = clf.apply_train(variables, {"x": garbage, "y": jnp.zeros(4, int), "mask": mask}, None)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), clean, masked)
+
+
+def test_crop_and_flip_keep_shape_and_pixels():
+    x = jnp.arange(2 * 6 * 6 * 1, dtype=jnp.uint8).reshape(2, 6, 6, 1)
+    out = crop_and_flip(jax.random.key(0), {"x": x})
+    assert out.shape == x.shape and out.dtype == x.dtype
+    # Every output pixel is zero padding or a pixel of the same image.
+    for i in range(2):
+        assert set(np.unique(np.asarray(out[i]))) <= set(np.unique(np.asarray(x[i]))) | {0}
+
+
+def test_gaussian_noise_has_the_per_example_std():
+    x = jnp.zeros((2, 100, 100, 1), jnp.uint8)
+    out = gaussian_noise(jax.random.key(0), {"x": x, "noise_std": jnp.array([0.0, 0.5])})
+    assert float(jnp.std(out[0])) == 0.0 and abs(float(jnp.std(out[1])) - 0.5) < 0.02

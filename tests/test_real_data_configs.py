@@ -1,0 +1,127 @@
+"""Configs on image data: bad input fails before compilation; tfds under mock data; server data; a short run."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedjax_lab.experiments import ConfigError, validate
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.runner import run_experiment
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory):
+    """A 3-class image-folder dataset of 16x16 RGB images: 30 train and 9 test per class."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.RandomState(0)
+    for split, n in (("train", 30), ("test", 9)):
+        for k, name in enumerate(("red", "green", "blue")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                image = rng.randint(0, 80, (16, 16, 3)).astype(np.uint8)
+                image[..., k] += 150
+                Image.fromarray(image).save(root / split / name / f"{i}.png")
+    return root
+
+
+def _config(image_root, **sections):
+    raw = {"dataset": {"name": "image_folder", "data_dir": str(image_root),
+                       "partition": {"name": "dirichlet", "num_clients": 6, "alpha": 1.0, "min_size": 3}},
+           "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
+           "client": {"batch_size": 8, "local_steps": 3, "learning_rate": 0.05, "momentum": 0.9},
+           "rounds": {"num_rounds": 4, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
+    for section, fields in sections.items():
+        raw[section] = {**raw.get(section, {}), **fields}
+    return validate(raw)
+
+
+def test_non_positive_alpha_fails_validation():
+    raw = {"dataset": {"name": "cifar10", "partition": {"alpha": 0}}, "model": {"name": "simple_cnn"},
+           "algorithm": {"name": "fedavg"}, "client": {"local_steps": 1}}
+    with pytest.raises(ConfigError, match="dataset.partition.alpha: Input should be greater than 0, got 0"):
+        validate(raw)
+
+
+def test_unknown_dataset_lists_the_image_datasets():
+    raw = {"dataset": {"name": "imagenet"}, "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
+           "client": {"local_steps": 1}}
+    with pytest.raises(ConfigError, match="dataset.name: unknown name 'imagenet'; allowed: .*'cifar10'"):
+        validate(raw)
+
+
+def test_more_clients_than_examples_fails_before_compilation(image_root):
+    config = _config(image_root, dataset={"partition": {"name": "iid", "num_clients": 91}},
+                     rounds={"clients_per_round": 2})
+    with pytest.raises(ConfigError, match="num_clients must be <= the number of training examples \\(90\\), got 91"):
+        build_experiment(config)
+
+
+def test_image_shape_that_does_not_fit_the_model_fails_before_compilation(image_root):
+    config = _config(image_root, model={"name": "fedavg_cnn", "padding": "VALID"})
+    build_experiment(config)  # 16x16 fits VALID 5x5 convolutions twice (16 -> 12 -> 6 -> 2 -> 1)
+    with pytest.raises(ConfigError, match="model.name: cnn3 does not fit inputs of shape \\(16, 16, 3\\)"):
+        build_experiment(_config(image_root, model={"name": "cnn3"}, dataset={"augment": "none"}))
+
+
+def test_missing_archive_fails_with_the_path(tmp_path):
+    config = validate({"dataset": {"name": "cifar10", "data_dir": str(tmp_path)}, "model": {"name": "simple_cnn"},
+                       "algorithm": {"name": "fedavg"}, "client": {"local_steps": 1}})
+    with pytest.raises(ConfigError, match="dataset.data_dir: cifar10 archive not found at"):
+        build_experiment(config)
+
+
+def test_model_and_data_mismatches_are_named():
+    with pytest.raises(ConfigError, match="linear_svm needs 2 classes"):
+        build_experiment(validate({"dataset": {"name": "synthetic"}, "model": {"name": "linear_svm"},
+                                   "algorithm": {"name": "fedavg"}, "client": {"local_steps": 1}}))
+    with pytest.raises(ConfigError, match="tfds"):
+        validate({"dataset": {"name": "svhn_cropped"}, "model": {"name": "simple_cnn"},
+                  "algorithm": {"name": "fedavg"}, "client": {"local_steps": 1}})
+
+
+def test_server_data_is_withheld_and_reaches_the_round(image_root):
+    config = _config(image_root, dataset={"server_data": {"kind": "in_domain", "size": 12}})
+    experiment = build_experiment(config)
+    data = experiment.dataset
+    client_rows = np.concatenate([data.client_train_ids[k, :n] for k, n in enumerate(data.client_train_counts)])
+    assert len(client_rows) == 78 and experiment.inputs.server_arrays["x"].shape == (12, 16, 16, 3)
+    assert list(np.bincount(data.server["y"])) == [4, 4, 4]
+
+
+def test_short_cnn_run_learns_and_writes_a_partition_report(image_root, tmp_path):
+    config = _config(image_root, rounds={"num_rounds": 6}, eval={"every": 3})
+    summary = run_experiment(config, tmp_path / "run", progress=False)
+    assert summary["final"]["test_accuracy"] > 0.6
+    assert (tmp_path / "run" / "partition.png").is_file() and "| **all** |" in (tmp_path / "run" / "partition.md").read_text()
+
+
+def test_saved_partition_reloads_to_the_same_clients(image_root, tmp_path):
+    first = build_experiment(_config(image_root))
+    from fedjax_lab.data.report import write_partition_report
+
+    write_partition_report(first.dataset, tmp_path)
+    again = build_experiment(_config(image_root, dataset={"partition": {"name": "iid", "num_clients": 6,
+                                                                        "file": str(tmp_path / "partition.npz")}}))
+    np.testing.assert_array_equal(again.dataset.client_train_ids, first.dataset.client_train_ids)
+
+
+def test_batchnorm_resnet_and_feature_skew_run_end_to_end(image_root, tmp_path):
+    config = _config(image_root, model={"name": "resnet8", "norm": "batch"},
+                     dataset={"partition": {"name": "feature_skew", "num_clients": 6, "noise": 0.2},
+                              "augment": "crop_flip"},
+                     rounds={"num_rounds": 2}, eval={"every": 2})
+    summary = run_experiment(config, tmp_path / "bn", progress=False)
+    assert np.isfinite(summary["final"]["test_loss"])
+
+
+def test_tfds_source_under_mock_data_builds_a_federated_dataset():
+    pytest.importorskip("tensorflow_datasets")
+    from tests.test_tfds_source import mock_tfds
+
+    config = validate({"dataset": {"name": "mnist", "source": "tfds",
+                                   "partition": {"name": "iid", "num_clients": 4}},
+                       "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
+                       "client": {"local_steps": 1}, "rounds": {"clients_per_round": 2}})
+    with mock_tfds(num_examples=40):
+        experiment = build_experiment(config)
+    assert experiment.dataset.train["x"].shape == (40, 28, 28, 1) and experiment.dataset.num_clients == 4
