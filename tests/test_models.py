@@ -10,8 +10,8 @@ from fedjax_lab.data import FederatedDataset, index_table
 from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.server_optimizers import fedavg_server
-from fedjax_lab.models import (CNN3, MLP, BHerdCNN, Classifier, FedAvgCNN, LinearSVM, LogisticRegression, SimpleCNN,
-                               resnet8, resnet18)
+from fedjax_lab.models import (CNN3, MLP, BHerdCNN, Classifier, FedAvgCNN, LinearSVM, LogisticRegression, ResNet,
+                               SimpleCNN, resnet8, resnet18)
 from fedjax_lab.models.augment import crop_and_flip, gaussian_noise
 from fedjax_lab.models.layers import Conv, local_response_norm, max_pool_2x2
 from fedjax_lab.models.recurrent import CharRNN
@@ -45,7 +45,8 @@ def test_char_rnn_has_the_tff_parameter_count():
     assert clf.num_params(jax.eval_shape(clf.init, jax.random.key(0))) == 820_522
 
 
-@pytest.mark.parametrize("module, split", [(resnet18(10, "group"), "layer2"), (resnet8(10, "group"), "layer1"),
+@pytest.mark.parametrize("module, split", [(ResNet(10, (4, 8, 8, 8), (2, 1, 1, 1), "group"), "layer2"),
+                                           (resnet8(10, "group"), "layer1"),
                                            (SimpleCNN(10), "conv2"), (MLP(10, (8, 6)), "hidden_0")])
 def test_lower_then_upper_equals_the_whole_network(module, split):
     x = jax.random.normal(jax.random.key(1), (2,) + CIFAR)
@@ -131,7 +132,7 @@ def _image_dataset(num_clients=4, per_client=12, shape=(8, 8, 3)):
 
 def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
     data = _image_dataset()
-    clf = Classifier(resnet8(3, "batch"), data.input_shape)
+    clf = Classifier(ResNet(3, (4, 8), (1, 1), "batch"), data.input_shape)
     algorithm = fedavg(clf.loss, optax.sgd(0.0), fedavg_server(1.0), LocalSchedule(5, local_steps=2))
     variables = clf.init(jax.random.key(0))
     state = init_loop_state(algorithm, variables, data.num_clients)
@@ -147,13 +148,15 @@ def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
     from fedjax_lab.engine import randomness
 
     inputs = make_inputs(data)
-    stats = []
-    for k in range(4):
-        client = ClientData(jnp.int32(k), jnp.asarray(data.client_train_ids[k]), jnp.int32(12))
+
+    @jax.jit
+    def one_client(k):
+        client = ClientData(k, jnp.asarray(data.client_train_ids)[k], jnp.int32(12))
         key = randomness.client_key(inputs.key, 0, k)
-        out, _ = train_locally(variables, clf.loss, optax.sgd(0.0), client, inputs.train_arrays, key,
-                               LocalSchedule(5, local_steps=2))
-        stats.append(out["batch_stats"])
+        return train_locally(variables, clf.loss, optax.sgd(0.0), client, inputs.train_arrays, key,
+                             LocalSchedule(5, local_steps=2))[0]["batch_stats"]
+
+    stats = [one_client(jnp.int32(k)) for k in range(4)]
     expected = jax.tree.map(lambda *s: sum(s) / 4, *stats)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new["batch_stats"], expected)
 

@@ -106,7 +106,7 @@ def test_saved_partition_reloads_to_the_same_clients(image_root, tmp_path):
 
 
 def test_batchnorm_resnet_and_feature_skew_run_end_to_end(image_root, tmp_path):
-    config = _config(image_root, model={"name": "resnet8", "norm": "batch"},
+    config = _config(image_root, model={"name": "resnet8", "norm": "batch"}, client={"local_steps": 1},
                      dataset={"partition": {"name": "feature_skew", "num_clients": 6, "noise": 0.2},
                               "augment": "crop_flip"},
                      rounds={"num_rounds": 2}, eval={"every": 2})
