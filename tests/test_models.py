@@ -74,10 +74,11 @@ def test_unknown_split_names_the_allowed_stages():
                             "conv9", method="lower")
 
 
+@pytest.mark.parametrize("lowering", ["im2col", "banded"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
-def test_im2col_convolution_equals_xla_convolution_and_its_gradients(padding):
+def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering, padding):
     x = jax.random.normal(jax.random.key(0), (3, 12, 10, 4))
-    xla, im2col = Conv(5, (5, 3), padding, lowering="xla"), Conv(5, (5, 3), padding, lowering="im2col")
+    xla, im2col = Conv(5, (5, 3), padding, lowering="xla"), Conv(5, (5, 3), padding, lowering=lowering)
     params = xla.init(jax.random.key(1), x)
 
     def loss(conv, p, x):

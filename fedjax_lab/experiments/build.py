@@ -24,8 +24,9 @@ from fedjax_lab.models import augment
 
 
 def default_lowering(backend: str) -> str:
-    """The convolution lowering when ``model.lowering`` is ``auto`` (docs/benchmarks.md has the measurements)."""
-    return "xla"
+    """The convolution lowering when ``model.lowering`` is ``auto``: ``banded`` on CPU, where XLA's convolution
+    is slow for small CNNs, and XLA's own elsewhere (docs/benchmarks.md has the measurements)."""
+    return "banded" if backend == "cpu" else "xla"
 
 
 def build_module(config: Config, dataset: FederatedDataset) -> nn.Module:

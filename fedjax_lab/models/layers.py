@@ -11,22 +11,23 @@ from typing import Literal, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Norm = Literal["batch", "group", "none"]
-ConvLowering = Literal["xla", "im2col"]
+ConvLowering = Literal["xla", "im2col", "banded"]
 
 
 def max_pool_2x2(x: jax.Array, padding: str = "VALID") -> jax.Array:
     """2x2 max-pooling with stride 2 over ``[B, H, W, C]``.
 
-    Even sizes pool by a reshape and a max, whose gradient is elementwise; XLA's ``reduce_window`` gradient
-    (``select_and_scatter``) is far slower on CPU. Odd sizes fall back to ``nn.max_pool`` (SAME pads on the
-    bottom/right, VALID drops the last row/column).
+    Even sizes pool as the maximum of four strided slices, whose gradient is elementwise; XLA's
+    ``reduce_window`` gradient (``select_and_scatter``) is far slower on CPU. Odd sizes fall back to
+    ``nn.max_pool`` (SAME pads on the bottom/right, VALID drops the last row/column).
     """
-    b, h, w, c = x.shape
+    _, h, w, _ = x.shape
     if h % 2 or w % 2:
         return nn.max_pool(x, (2, 2), strides=(2, 2), padding=padding)
-    return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+    return jnp.maximum(jnp.maximum(x[:, 0::2, 0::2], x[:, 1::2, 0::2]), jnp.maximum(x[:, 0::2, 1::2], x[:, 1::2, 1::2]))
 
 
 def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str) -> jax.Array:
@@ -34,10 +35,46 @@ def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str) -> jax.Arra
     matching a Flax ``Conv`` kernel ``[kh, kw, C, F]`` reshaped to ``[kh*kw*C, F]``)."""
     kh, kw = kernel_size
     if padding == "SAME":
-        x = jnp.pad(x, ((0, 0), ((kh - 1) // 2, kh // 2), ((kw - 1) // 2, kw // 2), (0, 0)))
+        x = same_padding(x, kernel_size)
     out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
     patches = [x[:, i:i + out_h, j:j + out_w, :] for i in range(kh) for j in range(kw)]
     return jnp.concatenate(patches, axis=-1)
+
+
+def same_padding(x: jax.Array, kernel_size: tuple[int, int]) -> jax.Array:
+    """Zero-pads ``[B, H, W, C]`` so that a VALID stride-1 convolution gives XLA's SAME output."""
+    kh, kw = kernel_size
+    return jnp.pad(x, ((0, 0), ((kh - 1) // 2, kh // 2), ((kw - 1) // 2, kw // 2), (0, 0)))
+
+
+def band_width(out_width: int, kw: int) -> int:
+    """Output columns per band: the largest divisor of ``out_width`` not above ``kw`` (28 -> 4, 10 -> 5)."""
+    return max(d for d in range(1, kw + 1) if out_width % d == 0)
+
+
+def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """A VALID stride-1 convolution as one matrix product against a block-Toeplitz ("banded") weight matrix.
+
+    Output columns are taken ``wb`` at a time. A row of the left operand holds the ``kh x (wb + kw - 1) x C``
+    inputs one band needs (duplicating inputs ``kh (wb + kw - 1) / wb`` times, against im2col's ``kh kw``); the
+    weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the band) comes from a small einsum,
+    so the gradients are matrix products too. XLA's CPU convolution is slow for the few channels of small CNNs;
+    this lowering makes the simple-CNN step several times faster there (docs/benchmarks.md).
+    """
+    b, h, w, c = x.shape
+    kh, kw, _, features = kernel.shape
+    out_h, out_w = h - kh + 1, w - kw + 1
+    wb = band_width(out_w, kw)
+    bands, span = out_w // wb, wb + kw - 1
+    rows = jnp.stack([jnp.stack([x[:, i:i + out_h, n * wb:n * wb + span] for n in range(bands)], 2)
+                      for i in range(kh)], 3)  # [B, out_h, bands, kh, span, C]
+    shift = np.zeros((span, wb, kw), np.float32)
+    for v in range(wb):
+        for j in range(kw):
+            shift[v + j, v, j] = 1.0
+    toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
+    y = rows.reshape(b * out_h * bands, kh * span * c) @ toeplitz.reshape(kh * span * c, wb * features)
+    return y.reshape(b, out_h, out_w, features)
 
 
 class Conv(nn.Module):
@@ -45,7 +82,8 @@ class Conv(nn.Module):
     ``nn.Conv`` (``kernel [kh, kw, C, F]``, ``bias [F]``) and a choice of lowering:
 
     * ``'xla'``: ``lax.conv_general_dilated`` (XLA's convolution);
-    * ``'im2col'``: patches by slicing, then one matrix product.
+    * ``'im2col'``: patches by slicing, then one matrix product;
+    * ``'banded'``: :func:`banded_conv`, the fastest on CPU for small CNNs.
     """
 
     features: int
@@ -60,7 +98,9 @@ class Conv(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         kh, kw = self.kernel_size
         kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
-        if self.lowering == "im2col":
+        if self.lowering == "banded":
+            y = banded_conv(same_padding(x, self.kernel_size) if self.padding == "SAME" else x, kernel)
+        elif self.lowering == "im2col":
             y = im2col(x, self.kernel_size, self.padding) @ kernel.reshape(-1, self.features)
         else:
             y = jax.lax.conv_general_dilated(x, kernel, (1, 1), self.padding,
