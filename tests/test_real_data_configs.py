@@ -125,3 +125,20 @@ def test_tfds_source_under_mock_data_builds_a_federated_dataset():
     with mock_tfds(num_examples=40):
         experiment = build_experiment(config)
     assert experiment.dataset.train["x"].shape == (40, 28, 28, 1) and experiment.dataset.num_clients == 4
+
+
+def test_shakespeare_char_rnn_runs_a_round_with_per_client_metrics(tmp_path):
+    from fedjax_lab.data.sources import default_data_dir
+
+    if not (default_data_dir() / "shakespeare" / "shakespeare_tff.json.gz").is_file():
+        pytest.skip("../shared/data not present")
+    from fedjax_lab.experiments import load_config
+
+    config = load_config("configs/shakespeare_fedavg.yaml", [
+        "dataset.num_clients=6", "model.rnn_hidden=16", "client.local_epochs=null", "client.local_steps=2",
+        "rounds.num_rounds=2", "rounds.clients_per_round=3", "eval.every=2", "client.learning_rate=0.5"])
+    summary = run_experiment(config, tmp_path / "shakespeare", progress=False)
+    final = summary["final"]
+    assert np.isfinite(final["test_loss"]) and 0 <= final["client_accuracy_min"] <= final["client_accuracy_max"] <= 1
+    with pytest.raises(ConfigError, match="shakespeare needs char_rnn"):
+        build_experiment(load_config("configs/shakespeare_fedavg.yaml", ["model.name=mlp"]))

@@ -121,11 +121,21 @@ def build_schedule(config: Config, dataset: FederatedDataset) -> LocalSchedule:
                          unroll=config.rounds.unroll)
 
 
-def default_chunk_size(cohort_size: int, backend: str) -> int | None:
-    """The execution default when ``rounds.chunk_size`` is unset: on CPU, clients two at a time (measured 1.8-4.1x
-    faster than vmapping the whole cohort, docs/benchmarks.md); elsewhere the whole cohort at once."""
+CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "resnet8", "resnet18")
+
+
+def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> int | None:
+    """The cohort loop when ``rounds.chunk_size`` is unset (results never depend on it; docs/benchmarks.md):
+
+    * GPU/TPU: the whole cohort vmapped at once;
+    * CPU, convolutional models: one client at a time (``lax.map``); vmapped per-client convolutions lower to
+      grouped convolutions or wider matrix products that run slower per example here;
+    * CPU, dense models: two clients at a time (measured 1.8-4.1x faster than the whole cohort vmapped).
+    """
     if backend != "cpu":
         return None
+    if model in CONV_MODELS:
+        return 1
     return 2 if cohort_size % 2 == 0 else 1
 
 
@@ -171,7 +181,7 @@ def build_experiment(config: Config) -> Experiment:
     classifier = build_classifier(config, dataset)
     algorithm = build_algorithm(config, classifier, dataset)
     chunk_size = config.rounds.chunk_size or default_chunk_size(config.rounds.clients_per_round,
-                                                                 jax.default_backend())
+                                                                 jax.default_backend(), config.model.name)
     plan = CohortPlan(dataset.num_clients, config.rounds.clients_per_round, chunk_size)
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),

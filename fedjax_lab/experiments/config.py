@@ -190,7 +190,8 @@ class RoundsConfig(Section):
     num_rounds: PositiveInt = 100
     clients_per_round: PositiveInt = 10
     chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round. "
-                                             "Unset: 2 on CPU, the whole cohort elsewhere. Never changes results")
+                                             "Unset: on CPU 1 for CNNs and 2 otherwise, the whole cohort elsewhere. Never changes "
+                                             "results beyond float rounding")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
 
     @model_validator(mode="after")
