@@ -43,12 +43,12 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fedavg_mlp_throughput import machine_info, machine_kind  # noqa: E402
+from fedavg_mlp_throughput import machine_info, machine_kind
 
-from fedjax_lab.engine import ClientData, LocalSchedule, randomness, sampling, train_locally  # noqa: E402
-from fedjax_lab.experiments import load_config  # noqa: E402
-from fedjax_lab.experiments.build import build_experiment  # noqa: E402
-from fedjax_lab.methods.fedavg import apply_server_optimizer, init_server_state  # noqa: E402
+from fedjax_lab.engine import ClientData, LocalSchedule, randomness, sampling, train_locally
+from fedjax_lab.experiments import load_config
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.methods.fedavg import apply_server_optimizer, init_server_state
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "cifar10_fedavg.yaml"
@@ -230,8 +230,8 @@ def measure(steps: int, args) -> dict:
                      "seconds_per_call": times[name]}
     # The baseline is the faster of the PyTorch thread settings.
     torch_eps = max((r["examples_per_s"] for n, r in out.items() if n.startswith("torch_loop")), default=None)
-    for name in out:
-        out[name]["vs_torch"] = out[name]["examples_per_s"] / torch_eps if torch_eps else None
+    for name, result in out.items():
+        result["vs_torch"] = result["examples_per_s"] / torch_eps if torch_eps else None
     out["_workload"] = {"steps": steps, "examples_per_round": examples_per_round, "cohort": engine.plan.cohort_size,
                         "chunk_size": engine.plan.chunk_size, "lowering": engine.classifier.module.lowering}
     return out

@@ -9,8 +9,15 @@ from PIL import Image
 from fedjax_lab.data import server_data
 from fedjax_lab.data.partitions import PartitionError
 from fedjax_lab.data.shakespeare import BOS, EOS, PAD, snippet_pieces
-from fedjax_lab.data.sources import (decode_webp, default_data_dir, load_archive, load_image_folder, load_local,
-                                     local_archive, relabel_parity)
+from fedjax_lab.data.sources import (
+    decode_webp,
+    default_data_dir,
+    load_archive,
+    load_image_folder,
+    load_local,
+    local_archive,
+    relabel_parity,
+)
 
 HAVE_SHARED = (default_data_dir() / "mnist" / "mnist.npz").is_file()
 needs_shared = pytest.mark.skipif(not HAVE_SHARED, reason="../shared/data not present")

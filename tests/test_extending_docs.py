@@ -15,7 +15,7 @@ DOC = pathlib.Path(__file__).parent.parent / "docs" / "extending.md"
 
 def _doc_namespace(loss_fn):
     namespace = {"loss_fn": loss_fn}
-    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
+    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL):
         exec(block, namespace)
     return namespace
 

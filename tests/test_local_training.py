@@ -4,15 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from conftest import assert_trees_close, make_fedavg, make_inputs
 
 from fedjax_lab.data import FederatedDataset, index_table
-from fedjax_lab.engine import CohortPlan, LocalSchedule, make_run_rounds, init_loop_state
+from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, train_locally
 from fedjax_lab.engine.local_training import batch_slots, epoch_permutations
 from fedjax_lab.engine.types import ClientData
 from fedjax_lab.models import Classifier, LogisticRegression, cross_entropy_loss
-from fedjax_lab.engine import train_locally
-
-from conftest import assert_trees_close, make_fedavg, make_inputs
 
 
 def _one_client_dataset(n=37, dim=4, classes=3, seed=0):

@@ -10,8 +10,19 @@ from fedjax_lab.data import FederatedDataset, index_table
 from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.server_optimizers import fedavg_server
-from fedjax_lab.models import (CNN3, MLP, BHerdCNN, Classifier, FedAvgCNN, LinearSVM, LogisticRegression, ResNet,
-                               SimpleCNN, resnet8, resnet18)
+from fedjax_lab.models import (
+    CNN3,
+    MLP,
+    BHerdCNN,
+    Classifier,
+    FedAvgCNN,
+    LinearSVM,
+    LogisticRegression,
+    ResNet,
+    SimpleCNN,
+    resnet8,
+    resnet18,
+)
 from fedjax_lab.models.augment import crop_and_flip, gaussian_noise
 from fedjax_lab.models.layers import Conv, local_response_norm, max_pool_2x2
 from fedjax_lab.models.recurrent import CharRNN
@@ -62,7 +73,7 @@ def test_resnet18_splits_have_fedimpro_feature_shapes():
     module = resnet18(10, "group")
     x = jnp.zeros((1,) + CIFAR)
     variables = jax.eval_shape(module.init, jax.random.key(0), x)
-    shapes = {s: jax.eval_shape(lambda v: module.apply(v, x, s, method="lower"), variables).shape
+    shapes = {s: jax.eval_shape(lambda v, s=s: module.apply(v, x, s, method="lower"), variables).shape
               for s in ("layer1", "layer2", "layer3", "pool")}
     assert shapes == {"layer1": (1, 32, 32, 64), "layer2": (1, 16, 16, 128), "layer3": (1, 8, 8, 256),
                       "pool": (1, 512)}
@@ -145,8 +156,7 @@ def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
                                                             jax.tree.leaves(variables["batch_stats"]))]
     assert min(moved) > 0
     # And the server's statistics are the weighted mean of each client's own, computed one client at a time.
-    from fedjax_lab.engine import ClientData, train_locally
-    from fedjax_lab.engine import randomness
+    from fedjax_lab.engine import ClientData, randomness, train_locally
 
     inputs = make_inputs(data)
 

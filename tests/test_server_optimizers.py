@@ -6,8 +6,8 @@ import optax
 import pytest
 
 from fedjax_lab.engine import Cohort, ServerContext
-from fedjax_lab.methods.fedavg import ServerState, apply_server_optimizer, fedavg
 from fedjax_lab.methods import server_optimizers as so
+from fedjax_lab.methods.fedavg import ServerState, apply_server_optimizer, fedavg
 
 X0 = np.array([0.5, -1.0, 2.0], np.float32)
 DELTAS = [np.array([0.1, -0.2, 0.3], np.float32), np.array([-0.05, 0.4, 0.0], np.float32),

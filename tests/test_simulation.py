@@ -4,12 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_trees_close, make_inputs
 
-from fedjax_lab.engine import CohortPlan, ClientData, Cohort, ServerContext, make_run_rounds, randomness
+from fedjax_lab.engine import ClientData, Cohort, CohortPlan, ServerContext, make_run_rounds, randomness
 from fedjax_lab.engine.sampling import sample_cohort
 from fedjax_lab.engine.simulation import run_round
-
-from conftest import assert_trees_close, make_inputs
 
 
 def test_vmap_over_clients_equals_python_loop_over_clients(tiny_run):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class FederatedDataset:
 
     @classmethod
     def from_clients(cls, name: str, clients: Sequence[tuple[np.ndarray, np.ndarray]],
-                     client_tests: Sequence[tuple[np.ndarray, np.ndarray]], num_classes: int) -> "FederatedDataset":
+                     client_tests: Sequence[tuple[np.ndarray, np.ndarray]], num_classes: int) -> FederatedDataset:
         """Pools per-client ``(x, y)`` train and test parts; the central test set is the union of the test parts."""
 
         def pool(parts):

@@ -7,7 +7,7 @@ examples: per-example loss and correctness, then a masked mean over each client'
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

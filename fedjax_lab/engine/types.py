@@ -18,7 +18,8 @@ functions they put into an :class:`Algorithm`, and a plug-in ("X + FedWalk") is 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 

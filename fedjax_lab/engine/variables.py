@@ -8,7 +8,8 @@ value after a step, and aggregation averages them (the FedAvg convention for Bat
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fedjax_lab.engine.types import PyTree
 

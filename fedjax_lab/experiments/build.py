@@ -5,21 +5,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
-
-import flax.linen as nn
 import numpy as np
+import optax
 
 from fedjax_lab import models
 from fedjax_lab.data import FederatedDataset
-from fedjax_lab.engine import (Algorithm, CohortPlan, Evaluator, LocalSchedule, LoopState, RoundInputs,
-                               init_loop_state, make_run_rounds, randomness)
+from fedjax_lab.engine import (
+    Algorithm,
+    CohortPlan,
+    Evaluator,
+    LocalSchedule,
+    LoopState,
+    RoundInputs,
+    init_loop_state,
+    make_run_rounds,
+    randomness,
+)
 from fedjax_lab.experiments.config import Config, ConfigError
+from fedjax_lab.experiments.datasets import build_dataset
 from fedjax_lab.methods import server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.experiments.datasets import build_dataset
 from fedjax_lab.models import augment
 
 

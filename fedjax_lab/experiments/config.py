@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -129,7 +129,7 @@ class ShakespeareDataset(Section):
     num_clients: PositiveInt = Field(715, le=715, description="the first num_clients roles")
 
 
-DatasetConfig = Annotated[Union[SyntheticDataset, GaussianMixtureDataset, ImageDataset, ShakespeareDataset],
+DatasetConfig = Annotated[SyntheticDataset | GaussianMixtureDataset | ImageDataset | ShakespeareDataset,
                           Field(discriminator="name")]
 
 

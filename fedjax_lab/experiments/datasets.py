@@ -11,7 +11,7 @@ from fedjax_lab.data.server_data import carve_in_domain, sample_rows, withhold_c
 from fedjax_lab.data.shakespeare import load_shakespeare
 from fedjax_lab.data.sources import CentralDataset, load_image_folder, load_local, relabel_parity
 from fedjax_lab.data.synthetic import fedprox_synthetic, gaussian_mixture
-from fedjax_lab.experiments.config import (Config, ConfigError, ImageDataset, PartitionConfig, ServerDataConfig)
+from fedjax_lab.experiments.config import Config, ConfigError, ImageDataset, PartitionConfig, ServerDataConfig
 
 
 def load_central(d: ImageDataset, name: str | None = None) -> CentralDataset:

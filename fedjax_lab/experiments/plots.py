@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from fedjax_lab.experiments.run_directory import read_metrics  # noqa: E402
+from fedjax_lab.experiments.run_directory import read_metrics
 
 PANELS = (("test_accuracy", "test accuracy"), ("test_loss", "test loss"), ("train_loss", "client train loss"))
 

@@ -3,11 +3,19 @@
 
 from fedjax_lab.models.classifiers import MLP, LinearSVM, LogisticRegression
 from fedjax_lab.models.cnns import CNN3, BHerdCNN, FedAvgCNN, SimpleCNN
+from fedjax_lab.models.recurrent import CharRNN
 from fedjax_lab.models.resnets import ResNet, resnet8, resnet18
 from fedjax_lab.models.staged import StagedModel
-from fedjax_lab.models.tasks import Classifier, Standardize, as_float, as_tokens, cross_entropy_loss, masked_mean
+from fedjax_lab.models.tasks import (
+    Classifier,
+    Standardize,
+    as_float,
+    as_tokens,
+    cross_entropy_loss,
+    masked_mean,
+)
 
 __all__ = [
-    "CNN3", "MLP", "BHerdCNN", "Classifier", "FedAvgCNN", "LinearSVM", "LogisticRegression", "ResNet", "SimpleCNN",
+    "CNN3", "MLP", "BHerdCNN", "CharRNN", "Classifier", "FedAvgCNN", "LinearSVM", "LogisticRegression", "ResNet", "SimpleCNN",
     "StagedModel", "Standardize", "as_float", "as_tokens", "cross_entropy_loss", "masked_mean", "resnet8", "resnet18",
 ]

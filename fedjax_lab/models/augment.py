@@ -5,7 +5,7 @@ Each function reads the raw batch ``{'x', ...}`` and returns new inputs; every e
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

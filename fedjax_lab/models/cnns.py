@@ -85,7 +85,7 @@ class BHerdCNN(StagedModel):
     stages: ClassVar[tuple[str, ...]] = ("conv1", "conv2", "fc1")
 
     def setup(self):
-        inits = dict(kernel_init=_bherd_kernel_init, bias_init=_bherd_bias_init)
+        inits = {"kernel_init": _bherd_kernel_init, "bias_init": _bherd_bias_init}
         self.conv1 = Conv(32, (5, 5), "SAME", lowering=self.lowering, **inits)
         self.conv2 = Conv(32, (5, 5), "SAME", lowering=self.lowering, **inits)
         self.fc1 = nn.Dense(256, **inits)

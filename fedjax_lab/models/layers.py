@@ -6,7 +6,8 @@ compare them); which is fastest depends on the backend (see docs/benchmarks.md).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import flax.linen as nn
 import jax

@@ -12,7 +12,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -32,7 +32,7 @@ class BasicBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None) -> jax.Array:
-        conv = lambda f, k, s: nn.Conv(f, (k, k), (s, s), padding=k // 2, use_bias=False)  # noqa: E731
+        conv = lambda f, k, s: nn.Conv(f, (k, k), (s, s), padding=k // 2, use_bias=False)
         h = nn.relu(Normalization(self.norm, self.groups)(conv(self.features, 3, self.stride)(x), train, mask))
         h = Normalization(self.norm, self.groups)(conv(self.features, 3, 1)(h), train, mask)
         if self.stride != 1 or x.shape[-1] != self.features:

@@ -8,7 +8,8 @@ SVM, and next-token prediction (labels ``[B, T]``, where tokens equal to ``pad_l
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import flax.linen as nn
 import jax
@@ -44,7 +45,7 @@ class Standardize:
     std: tuple[float, ...]
 
     @classmethod
-    def fit(cls, images: np.ndarray) -> "Standardize":
+    def fit(cls, images: np.ndarray) -> Standardize:
         """Per-channel mean and std of ``as_float(images)``, computed in float64 on the host."""
         x = images.astype(np.float64) / (255.0 if np.issubdtype(images.dtype, np.integer) else 1.0)
         axes = tuple(range(x.ndim - 1))
