@@ -4,9 +4,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedjax_lab.data.sources import default_data_dir
 from fedjax_lab.experiments import ConfigError, validate
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.runner import run_experiment
+
+
+HAVE_MNIST = (default_data_dir() / "mnist" / "mnist.npz").is_file()
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +132,6 @@ def test_tfds_source_under_mock_data_builds_a_federated_dataset():
 
 
 def test_shakespeare_char_rnn_runs_a_round_with_per_client_metrics(tmp_path):
-    from fedjax_lab.data.sources import default_data_dir
-
     if not (default_data_dir() / "shakespeare" / "shakespeare_tff.json.gz").is_file():
         pytest.skip("../shared/data not present")
     from fedjax_lab.experiments import load_config
@@ -142,3 +144,28 @@ def test_shakespeare_char_rnn_runs_a_round_with_per_client_metrics(tmp_path):
     assert np.isfinite(final["test_loss"]) and 0 <= final["client_accuracy_min"] <= final["client_accuracy_max"] <= 1
     with pytest.raises(ConfigError, match="shakespeare needs char_rnn"):
         build_experiment(load_config("configs/shakespeare_fedavg.yaml", ["model.name=mlp"]))
+
+
+def test_partition_command_reports_without_training(image_root, tmp_path, capsys):
+    from fedjax_lab.experiments.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: {name: image_folder, data_dir: '" + str(image_root) + "', partition: {name: shards, "
+                      "num_clients: 5}}\nmodel: {name: simple_cnn}\nalgorithm: {name: fedavg}\n"
+                      "client: {local_steps: 1}\nrounds: {clients_per_round: 2}\n")
+    assert main(["partition", str(config), "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "| **all** | 30 | 30 | 30 | 90 |" in out and (tmp_path / "p" / "partition.png").is_file()
+
+
+@pytest.mark.skipif(not HAVE_MNIST, reason="../shared/data not present")
+def test_out_of_domain_server_data_comes_from_another_dataset():
+    config = validate({"dataset": {"name": "mnist", "partition": {"name": "iid", "num_clients": 10},
+                                   "server_data": {"kind": "out_of_domain", "dataset": "fashion_mnist", "size": 50}},
+                       "model": {"name": "logistic_regression"}, "algorithm": {"name": "fedavg"},
+                       "client": {"local_steps": 1}, "rounds": {"clients_per_round": 2}})
+    data = build_experiment(config).dataset
+    fashion = np.load(default_data_dir() / "fashion_mnist" / "fashion_mnist.npz")["x_train"]
+    rows = [np.flatnonzero((fashion == x).all(axis=(1, 2, 3))) for x in data.server["x"][:3]]
+    assert data.server["x"].shape == (50, 28, 28, 1) and all(len(r) == 1 for r in rows)
+    assert data.client_train_counts.sum() == 60000

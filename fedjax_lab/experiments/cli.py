@@ -1,4 +1,5 @@
-"""The command line: ``fedjax-lab run CONFIG [key=value ...]`` and ``fedjax-lab plot RUN_DIR ...``."""
+"""The command line: ``fedjax-lab run CONFIG [key=value ...]``, ``fedjax-lab partition CONFIG [key=value ...]``
+and ``fedjax-lab plot RUN_DIR ...``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in the run directory")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    part = sub.add_parser("partition", help="build a config's clients and report them, without training")
+    part.add_argument("config", help="path to a YAML config")
+    part.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. dataset.partition.alpha=0.1")
+    part.add_argument("--out", default="partition", help="folder for partition.{npz,md,png} (default: partition/)")
     plot = sub.add_parser("plot", help="overlay the learning curves of one or more runs")
     plot.add_argument("run_dirs", nargs="+", help="run directories")
     plot.add_argument("--out", default="curves.png", help="output PNG (default: curves.png)")
@@ -41,6 +46,20 @@ def _run(args) -> int:
     return 0
 
 
+def _partition(args) -> int:
+    config = load_config(args.config, args.overrides)
+    from fedjax_lab.data.report import write_partition_report
+    from fedjax_lab.experiments.datasets import build_dataset
+
+    dataset = build_dataset(config)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(dataset.summary())
+    print(write_partition_report(dataset, out, {"seed": config.seed}))
+    print(f"written: {out}/partition.npz (reload with dataset.partition.file), partition.md, partition.png")
+    return 0
+
+
 def _plot(args) -> int:
     from fedjax_lab.experiments.plots import plot_runs
 
@@ -56,7 +75,7 @@ def _plot(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _run(args) if args.command == "run" else _plot(args)
+        return {"run": _run, "partition": _partition, "plot": _plot}[args.command](args)
     except ConfigError as error:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
         return 2
