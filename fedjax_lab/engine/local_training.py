@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -122,8 +122,13 @@ def train_locally(
     arrays: Arrays,
     key: jax.Array,
     schedule: LocalSchedule,
+    value_and_grad: Callable = jax.value_and_grad,
 ) -> tuple[Params, LocalStats]:
     """Runs one client's local optimisation from ``variables`` and returns the final variables.
+
+    ``value_and_grad`` turns ``loss(params, model_state, batch, key) -> (loss, model_state)`` into a function
+    returning ``((loss, model_state), grads)``; it is ``jax.value_and_grad(..., has_aux=True)`` unless a method
+    computes its gradients otherwise (FedSAM's sharpness-aware gradient).
 
     The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts
     fresh every round; model state such as BatchNorm statistics follows what ``loss_fn`` returns.
@@ -139,7 +144,7 @@ def train_locally(
     def loss_of_trainable(params, model_state, batch, step_key):
         return loss_fn(merge_variables(params, model_state, variables), batch, step_key)
 
-    grad_fn = jax.value_and_grad(loss_of_trainable, has_aux=True)
+    grad_fn = value_and_grad(loss_of_trainable, has_aux=True)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
     def step(carry, s):

@@ -46,6 +46,13 @@ def init_server_state(server_optimizer: optax.GradientTransformation, variables:
     return ServerState(variables, server_optimizer.init(split_variables(variables)[0]))
 
 
+def local_delta(variables: Params, loss_fn: LossFn, optimizer: optax.GradientTransformation, client, arrays,
+                key, schedule: LocalSchedule, **train_kwargs) -> tuple[Params, dict]:
+    """Trains one client from ``variables`` and returns ``(y_k - x_t, metrics)``."""
+    trained, stats = train_locally(variables, loss_fn, optimizer, client, arrays, key, schedule, **train_kwargs)
+    return tree_sub(trained, variables), {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
+
+
 def fedavg(
     loss_fn: LossFn,
     client_optimizer: optax.GradientTransformation,
@@ -71,9 +78,8 @@ def fedavg(
         return init_server_state(server_optimizer, params)
 
     def client_update(server_state, client_state, client, arrays, key):
-        params, stats = train_locally(server_state.params, loss_fn, client_optimizer, client, arrays, key, schedule)
-        delta = tree_sub(params, server_state.params)
-        return delta, client_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
+        delta, metrics = local_delta(server_state.params, loss_fn, client_optimizer, client, arrays, key, schedule)
+        return delta, client_state, metrics
 
     def server_update(server_state, deltas, cohort, context):
         del context
