@@ -161,3 +161,28 @@ def test_baselines_learn_on_the_tiny_data(tiny_data, tiny_classifier, make):
     _, metrics = _run(make(tiny_classifier, tiny_data.num_clients), tiny_data, tiny_classifier, rounds=15)
     loss = np.asarray(metrics["train_loss"])
     assert np.all(np.isfinite(loss)) and loss[-3:].mean() < loss[:3].mean()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"name": "fedprox", "mu": 0.1, "server_optimizer": "adam", "server_learning_rate": 0.03},
+    {"name": "scaffold", "option": "I"}, {"name": "fednova"}, {"name": "feddyn", "alpha": 0.01},
+    {"name": "fedexp"}, {"name": "fedsam", "rho": 0.05}])
+def test_every_baseline_runs_from_a_config(tmp_path, overrides):
+    from fedjax_lab.experiments import run_experiment, validate
+
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
+                       "num_classes": 3},
+           "model": {"name": "mlp", "hidden": [8]}, "algorithm": overrides,
+           "client": {"local_steps": 2, "batch_size": 4, "learning_rate": 0.1, "momentum": 0.5},
+           "rounds": {"num_rounds": 2, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
+    summary = run_experiment(validate(raw), tmp_path / overrides["name"], progress=False)
+    assert np.isfinite(summary["final"]["test_loss"]) and summary["diverged"] is None
+
+
+def test_a_server_optimizer_for_a_method_with_its_own_server_step_is_rejected():
+    from fedjax_lab.experiments import ConfigError, build_experiment, validate
+
+    raw = {"dataset": {"name": "synthetic"}, "model": {"name": "logistic_regression"},
+           "algorithm": {"name": "fedexp", "server_optimizer": "adam"}, "client": {"local_steps": 1}}
+    with pytest.raises(ConfigError, match="algorithm.server_optimizer: fedexp has its own server step"):
+        build_experiment(validate(raw))

@@ -9,7 +9,6 @@ from fedjax_lab.experiments import ConfigError, validate
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.runner import run_experiment
 
-
 HAVE_MNIST = (default_data_dir() / "mnist" / "mnist.npz").is_file()
 
 

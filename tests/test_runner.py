@@ -91,3 +91,14 @@ def test_cli_run_and_plot(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     assert out.stat().st_size > 1000
     assert main(["plot", str(tmp_path / "missing")]) == 2
+
+
+def test_divergence_is_detected_reported_and_stops_the_run(tmp_path):
+    raw = {"dataset": {"name": "synthetic", "num_clients": 10}, "model": {"name": "mlp", "hidden": [16]},
+           "algorithm": {"name": "fedavg"}, "client": {"local_steps": 20, "learning_rate": 1e4},
+           "rounds": {"num_rounds": 40, "clients_per_round": 5}, "eval": {"every": 5, "per_client": False}}
+    summary = run_experiment(validate(raw), tmp_path / "diverged", progress=False)
+    assert summary["diverged"] and summary["rounds"] < 40
+    rows = read_metrics(tmp_path / "diverged")
+    assert rows[-1]["diverged"] == summary["diverged"]
+    assert json.loads((tmp_path / "diverged" / "summary.json").read_text())["diverged"] == summary["diverged"]

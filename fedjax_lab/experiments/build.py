@@ -28,6 +28,12 @@ from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.experiments.datasets import build_dataset
 from fedjax_lab.methods import server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.feddyn import feddyn
+from fedjax_lab.methods.fedexp import fedexp
+from fedjax_lab.methods.fednova import fednova
+from fedjax_lab.methods.fedprox import fedprox
+from fedjax_lab.methods.fedsam import fedsam
+from fedjax_lab.methods.scaffold import scaffold
 from fedjax_lab.models import augment
 
 
@@ -112,14 +118,18 @@ def build_client_optimizer(config: Config) -> optax.GradientTransformation:
     return optax.chain(optax.add_decayed_weights(c.weight_decay), opt) if c.weight_decay else opt
 
 
+FEDAVG_FAMILY = {"fedavg": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi",
+                 "fedadagrad": "adagrad"}
+
+
 def build_server_optimizer(config: Config) -> optax.GradientTransformation:
-    """The server optimiser that makes ``config.algorithm.name`` out of FedAvg."""
+    """The server optimiser: named by ``algorithm.server_optimizer``, or implied by ``algorithm.name``."""
     a = config.algorithm
-    if a.name == "fedavg":
+    rule = FEDAVG_FAMILY.get(a.name, "sgd") if a.server_optimizer == "default" else a.server_optimizer
+    if rule == "sgd":
         return server_optimizers.fedavg_server(a.server_learning_rate)
-    if a.name == "fedavgm":
+    if rule == "momentum":
         return server_optimizers.fedavgm_server(a.server_learning_rate, a.server_momentum)
-    rule = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}[a.name]
     return server_optimizers.reddi_server(rule, a.server_learning_rate, a.beta1, a.beta2, a.tau)
 
 
@@ -148,9 +158,30 @@ def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> in
 
 
 def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
-    """The FL algorithm of ``config.algorithm``."""
-    return fedavg(classifier.loss, build_client_optimizer(config),
-                  build_server_optimizer(config), build_schedule(config, dataset), config.algorithm.weighting)
+    """The FL algorithm of ``config.algorithm``.
+
+    Raises:
+      ConfigError: a server optimiser given to a method with its own server step (feddyn, fedexp).
+    """
+    a, loss = config.algorithm, classifier.loss
+    client_opt, schedule = build_client_optimizer(config), build_schedule(config, dataset)
+    if a.name in ("feddyn", "fedexp") and a.server_optimizer != "default":
+        raise ConfigError(f"algorithm.server_optimizer: {a.name} has its own server step; leave it 'default'")
+    server_opt = build_server_optimizer(config)
+    if a.name == "fedprox":
+        return fedprox(loss, client_opt, server_opt, schedule, a.mu, a.weighting)
+    if a.name == "scaffold":
+        return scaffold(loss, client_opt, server_opt, schedule, config.client.learning_rate, dataset.num_clients,
+                        a.option, a.control_average, a.weighting)
+    if a.name == "fednova":
+        return fednova(loss, client_opt, server_opt, schedule, config.client.momentum, a.weighting)
+    if a.name == "feddyn":
+        return feddyn(loss, client_opt, schedule, a.alpha, dataset.num_clients, a.weighting)
+    if a.name == "fedexp":
+        return fedexp(loss, client_opt, schedule, a.epsilon)
+    if a.name == "fedsam":
+        return fedsam(loss, client_opt, server_opt, schedule, a.rho, a.weighting)
+    return fedavg(loss, client_opt, server_opt, schedule, a.weighting)
 
 
 @dataclasses.dataclass

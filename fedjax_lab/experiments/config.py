@@ -175,15 +175,26 @@ class ClientConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """The FedAvg family: the method is its server optimiser (Reddi et al. 2021)."""
+    """The method. The FedAvg family is FedAvg with a server optimiser (Reddi et al. 2021); the baselines of
+    ``fedjax_lab/methods`` take their own fields, and ``server_optimizer`` composes a client-side method with a
+    server optimiser (e.g. ``name: fedprox, server_optimizer: adam`` is FedProx + FedAdam)."""
 
-    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova",
+                  "feddyn", "fedexp", "fedsam"]
+    server_optimizer: Literal["default", "sgd", "momentum", "adam", "yogi", "adagrad"] = Field(
+        "default", description="default: what the name implies (sgd for the baselines)")
     server_learning_rate: PositiveFloat = 1.0
-    server_momentum: float = Field(0.9, ge=0, lt=1, description="fedavgm only")
-    beta1: float = Field(0.9, ge=0, lt=1, description="fedadam/fedyogi/fedadagrad")
-    beta2: float = Field(0.99, ge=0, lt=1, description="fedadam/fedyogi")
-    tau: PositiveFloat = Field(1e-3, description="adaptivity, fedadam/fedyogi/fedadagrad")
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="fedavgm / server_optimizer=momentum")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")
+    beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
+    tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
+    mu: float = Field(0.01, ge=0, description="fedprox: proximal weight")
+    option: Literal["I", "II"] = Field("II", description="scaffold: control update")
+    control_average: Literal["all", "cohort"] = Field("all", description="scaffold: divide control deltas by N or |S|")
+    alpha: float = Field(0.01, ge=0, description="feddyn: regularisation weight")
+    epsilon: PositiveFloat = Field(1e-3, description="fedexp: step-size denominator offset")
+    rho: float = Field(0.05, ge=0, description="fedsam: perturbation radius")
 
 
 class RoundsConfig(Section):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,21 @@ def _prepare_directory(config: Config, run_dir: Path, resume: bool, overwrite: b
     else:
         raise ConfigError(f"run directory {run_dir} already holds a run; pass --resume to continue it or "
                           "--overwrite to start again")
+
+
+EXPLOSION_FACTOR = 1e3
+
+
+def divergence(rows: list[dict[str, Any]], initial_test_loss: float) -> str | None:
+    """Why a block's metrics show divergence (a non-finite value, or a test loss above ``EXPLOSION_FACTOR``
+    times the initial one), or ``None``."""
+    for row in rows:
+        for name, value in row.items():
+            if isinstance(value, float) and not np.isfinite(value):
+                return f"{name} is {value} at round {row['round']}"
+        if row.get("test_loss", 0.0) > EXPLOSION_FACTOR * max(initial_test_loss, 1.0):
+            return f"test_loss {row['test_loss']:.4g} exceeds {EXPLOSION_FACTOR:g}x the initial {initial_test_loss:.4g}"
+    return None
 
 
 def _block_rows(first_round: int, metrics: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -75,6 +91,7 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         directory.metrics_path.write_text("")
         directory.append_metrics([{"round": 0, **experiment.evaluate(state)}])
 
+    initial_test_loss = directory.read_metrics()[0].get("test_loss", 1.0)
     total = config.rounds.num_rounds
     stop = total if stop_after_round is None else min(stop_after_round, total)
     every = config.eval.every
@@ -90,7 +107,17 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         timings.append((num_rounds, time.perf_counter() - start))
         if int(state.round) % every == 0 or int(state.round) == total:
             rows[-1].update(experiment.evaluate(state))
+        diverged = divergence(rows, initial_test_loss)
+        if diverged:
+            rows[-1]["diverged"] = diverged
         directory.append_metrics(rows)
+        if diverged:
+            bar.close()
+            summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
+            directory.write_summary(summary)
+            plot_runs([run_dir], run_dir / "curves.png")
+            print(f"fedjax-lab: run diverged ({diverged}); stopped", file=sys.stderr)
+            return summary
         blocks_run += 1
         if int(state.round) == total or (config.checkpoint.every_blocks and blocks_run % config.checkpoint.every_blocks == 0):
             directory.save_checkpoint(state)
@@ -121,4 +148,5 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experi
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "diverged": None,
     }

@@ -8,7 +8,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import optax
