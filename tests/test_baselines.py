@@ -66,7 +66,7 @@ def test_scaffold_first_round_is_fedavg_and_controls_follow_option_ii(tiny_data,
     assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1), rtol=1e-6)
     # With c = c_k = 0, option II gives the cohort's clients c_k = (x - y_k) / (K eta); the others stay at zero.
     controls = state.client_states
-    touched = [k for k in range(n) if float(optax.global_norm(jax.tree.map(lambda c: c[k], controls))) > 0]
+    touched = [k for k in range(n) if float(optax.global_norm(jax.tree.map(lambda c, k=k: c[k], controls))) > 0]
     assert len(touched) == 6
     # The server control is the mean of all N client controls (control_average='all').
     mean_control = jax.tree.map(lambda c: jnp.mean(c, 0), controls)
@@ -81,7 +81,7 @@ def test_scaffold_server_control_stays_the_mean_of_all_client_controls(tiny_data
 
 def test_scaffold_option_ii_with_one_full_batch_step_equals_option_i(tiny_data, tiny_classifier):
     schedule = LocalSchedule(64, local_steps=1)
-    kwargs = dict(num_clients=tiny_data.num_clients)
+    kwargs = {"num_clients": tiny_data.num_clients}
     one = scaffold(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), schedule, 0.1, option="I", **kwargs)
     two = scaffold(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), schedule, 0.1, option="II", **kwargs)
     s1, _ = _run(one, tiny_data, tiny_classifier, rounds=1)
@@ -166,7 +166,7 @@ def test_baselines_learn_on_the_tiny_data(tiny_data, tiny_classifier, make):
 @pytest.mark.parametrize("overrides", [
     {"name": "fedprox", "mu": 0.1, "server_optimizer": "adam", "server_learning_rate": 0.03},
     {"name": "scaffold", "option": "I"}, {"name": "fednova"}, {"name": "feddyn", "alpha": 0.01},
-    {"name": "fedexp"}, {"name": "fedsam", "rho": 0.05}])
+    {"name": "fedexp"}, {"name": "fedsam", "rho": 0.05}, {"name": "moon", "mu": 1.0}, {"name": "feddecorr"}])
 def test_every_baseline_runs_from_a_config(tmp_path, overrides):
     from fedjax_lab.experiments import run_experiment, validate
 
@@ -186,3 +186,38 @@ def test_a_server_optimizer_for_a_method_with_its_own_server_step_is_rejected():
            "algorithm": {"name": "fedexp", "server_optimizer": "adam"}, "client": {"local_steps": 1}}
     with pytest.raises(ConfigError, match="algorithm.server_optimizer: fedexp has its own server step"):
         build_experiment(validate(raw))
+
+
+def test_moon_with_zero_mu_equals_fedavg_and_keeps_each_clients_previous_model(tiny_data, tiny_classifier):
+    from fedjax_lab.methods.moon import moon
+
+    algorithm = moon(tiny_classifier, optax.sgd(0.1), fedavg_server(1.0), STEPS, mu=0.0)
+    state, _ = _run(algorithm, tiny_data, tiny_classifier, rounds=1)
+    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1), rtol=1e-6)
+    initial = tiny_classifier.init(jax.random.key(0))
+    changed = [k for k in range(tiny_data.num_clients)
+               if float(optax.global_norm(jax.tree.map(lambda p, q, k=k: p[k] - q, state.client_states, initial))) > 0]
+    assert len(changed) == 6  # the cohort's previous models moved; the others are still the initial model
+
+
+def test_moon_contrastive_term_prefers_the_global_representation():
+    from fedjax_lab.methods.moon import cosine
+
+    z = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+    np.testing.assert_allclose(cosine(z, z), [1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(cosine(z, -z), [-1.0, -1.0], rtol=1e-6)
+
+
+def test_feddecorr_with_zero_beta_equals_fedavg_and_its_term_is_minimal_for_decorrelated_features(
+        tiny_data, tiny_classifier):
+    from fedjax_lab.methods.feddecorr import decorrelation, feddecorr
+
+    state, _ = _run(feddecorr(tiny_classifier, optax.sgd(0.1), fedavg_server(1.0), STEPS, beta=0.0), tiny_data,
+                    tiny_classifier)
+    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier), rtol=1e-6)
+    rng = np.random.RandomState(0)
+    independent = jnp.asarray(rng.normal(size=(4000, 4)))
+    collapsed = jnp.asarray(np.repeat(rng.normal(size=(4000, 1)), 4, axis=1))
+    mask = jnp.ones(4000)
+    assert abs(float(decorrelation(independent, mask)) - 0.25) < 0.01  # only the diagonal: d / d^2
+    assert abs(float(decorrelation(collapsed, mask)) - 1.0) < 1e-3

@@ -28,11 +28,13 @@ from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.experiments.datasets import build_dataset
 from fedjax_lab.methods import server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.feddecorr import feddecorr
 from fedjax_lab.methods.feddyn import feddyn
 from fedjax_lab.methods.fedexp import fedexp
 from fedjax_lab.methods.fednova import fednova
 from fedjax_lab.methods.fedprox import fedprox
 from fedjax_lab.methods.fedsam import fedsam
+from fedjax_lab.methods.moon import moon
 from fedjax_lab.methods.scaffold import scaffold
 from fedjax_lab.models import augment
 
@@ -181,6 +183,10 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
         return fedexp(loss, client_opt, schedule, a.epsilon)
     if a.name == "fedsam":
         return fedsam(loss, client_opt, server_opt, schedule, a.rho, a.weighting)
+    if a.name == "moon":
+        return moon(classifier, client_opt, server_opt, schedule, a.mu, a.temperature, a.weighting)
+    if a.name == "feddecorr":
+        return feddecorr(classifier, client_opt, server_opt, schedule, a.beta, a.weighting)
     return fedavg(loss, client_opt, server_opt, schedule, a.weighting)
 
 

@@ -180,7 +180,7 @@ class AlgorithmConfig(Section):
     server optimiser (e.g. ``name: fedprox, server_optimizer: adam`` is FedProx + FedAdam)."""
 
     name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova",
-                  "feddyn", "fedexp", "fedsam"]
+                  "feddyn", "fedexp", "fedsam", "moon", "feddecorr"]
     server_optimizer: Literal["default", "sgd", "momentum", "adam", "yogi", "adagrad"] = Field(
         "default", description="default: what the name implies (sgd for the baselines)")
     server_learning_rate: PositiveFloat = 1.0
@@ -189,7 +189,10 @@ class AlgorithmConfig(Section):
     beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
     tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
-    mu: float = Field(0.01, ge=0, description="fedprox: proximal weight")
+    mu: float = Field(0.01, ge=0, description="fedprox: proximal weight; moon: contrastive weight (MOON's paper "
+                                                   "uses 5 on CIFAR-10, FedCOG's baseline 0.01)")
+    temperature: PositiveFloat = Field(0.5, description="moon")
+    beta: float = Field(0.1, ge=0, description="feddecorr: decorrelation weight")
     option: Literal["I", "II"] = Field("II", description="scaffold: control update")
     control_average: Literal["all", "cohort"] = Field("all", description="scaffold: divide control deltas by N or |S|")
     alpha: float = Field(0.01, ge=0, description="feddyn: regularisation weight")

@@ -55,6 +55,11 @@ class Standardize:
         return (as_float(x) - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(self.std, jnp.float32)
 
 
+def _outputs_and_features(module: nn.Module, x: jax.Array, train: bool = False, mask: jax.Array | None = None):
+    features = module.features(x, train, mask)
+    return module.head(features), features
+
+
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """``sum(values * mask) / max(sum(mask), 1)``."""
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
@@ -100,14 +105,22 @@ class Classifier:
         """Outputs on a raw batch, in evaluation mode (BatchNorm uses its running averages)."""
         return self.module.apply(variables, self.preprocess(x))
 
-    def apply_train(self, variables: Params, batch: Arrays, key: jax.Array):
-        """Outputs in training mode and the model's non-trainable collections after the batch."""
+    def apply_train(self, variables: Params, batch: Arrays, key: jax.Array, with_features: bool = False):
+        """Outputs in training mode and the model's non-trainable collections after the batch; with
+        ``with_features``, the outputs are ``(outputs, features, model_inputs)`` (for representation terms)."""
         x = self.preprocess(batch["x"] if self.augment is None else self.augment(key, batch))
         mask = batch["mask"]
+        method = _outputs_and_features if with_features else None
         state_names = [name for name in variables if name != "params"]
         if not state_names:
-            return self.module.apply(variables, x), {}
-        return self.module.apply(variables, x, train=True, mask=mask, mutable=state_names)
+            out, state = self.module.apply(variables, x, method=method) if method else self.module.apply(variables, x), {}
+        else:
+            out, state = self.module.apply(variables, x, train=True, mask=mask, mutable=state_names, method=method)
+        return ((*out, x) if with_features else out), state
+
+    def features(self, variables: Params, model_inputs: jax.Array) -> jax.Array:
+        """The representation (evaluation mode) of already preprocessed inputs."""
+        return self.module.apply(variables, model_inputs, method="features")
 
     def token_weights(self, y: jax.Array, mask: jax.Array) -> jax.Array:
         """Which labels count: the example mask, broadcast over tokens and without padding tokens."""
@@ -127,14 +140,27 @@ class Classifier:
         predicted = (outputs > 0).astype(y.dtype) if self.objective == "squared_hinge" else jnp.argmax(outputs, -1)
         return (predicted == y).astype(jnp.float32)
 
-    def loss(self, variables: Params, batch: Arrays, key: jax.Array):
-        """The engine's ``LossFn``: mean objective over the real labels of ``{'x', 'y', 'mask'}`` (plus the L2
-        term), and the new model state."""
-        outputs, model_state = self.apply_train(variables, batch, key)
+    def batch_objective(self, variables: Params, outputs: jax.Array, batch: Arrays) -> jax.Array:
+        """Mean objective over the real labels of the batch, plus the L2 term."""
         loss = masked_mean(self.pointwise_loss(outputs, batch["y"]), self.token_weights(batch["y"], batch["mask"]))
         if self.l2:
             loss = loss + 0.5 * self.l2 * sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(variables["params"]))
-        return loss, model_state
+        return loss
+
+    def loss(self, variables: Params, batch: Arrays, key: jax.Array):
+        """The engine's ``LossFn``: :meth:`batch_objective` of a training-mode forward pass, and the new model state."""
+        outputs, model_state = self.apply_train(variables, batch, key)
+        return self.batch_objective(variables, outputs, batch), model_state
+
+    def loss_with(self, term: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]):
+        """A ``LossFn``: :meth:`loss` plus ``term(features, model_inputs, mask)``, a penalty on the representation
+        of the same forward pass (MOON's contrastive term, FedDecorr's decorrelation)."""
+
+        def loss(variables, batch, key):
+            (outputs, features, inputs), model_state = self.apply_train(variables, batch, key, with_features=True)
+            return self.batch_objective(variables, outputs, batch) + term(features, inputs, batch["mask"]), model_state
+
+        return loss
 
     def example_metrics(self, variables: Params, batch: Arrays) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per example: summed loss, number correct and number of labels counted (0 for masked rows), so that
