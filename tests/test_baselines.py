@@ -221,3 +221,18 @@ def test_feddecorr_with_zero_beta_equals_fedavg_and_its_term_is_minimal_for_deco
     mask = jnp.ones(4000)
     assert abs(float(decorrelation(independent, mask)) - 0.25) < 0.01  # only the diagonal: d / d^2
     assert abs(float(decorrelation(collapsed, mask)) - 1.0) < 1e-3
+
+
+def test_centralized_reference_trains_one_client_on_the_pooled_data():
+    from fedjax_lab.experiments import build_experiment, validate
+
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
+                       "num_classes": 3},
+           "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "centralized"},
+           "client": {"local_epochs": 1, "batch_size": 4}, "rounds": {"num_rounds": 2, "clients_per_round": 3}}
+    experiment = build_experiment(validate(raw))
+    federated = build_experiment(validate({**raw, "algorithm": {"name": "fedavg"}}))
+    assert experiment.dataset.num_clients == 1 and experiment.plan.cohort_size == 1
+    assert experiment.dataset.client_train_counts[0] == federated.dataset.client_train_counts.sum()
+    with pytest.raises(Exception, match="server_only needs dataset.server_data"):
+        build_experiment(validate({**raw, "algorithm": {"name": "server_only"}}))

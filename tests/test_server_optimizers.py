@@ -70,3 +70,17 @@ def test_server_update_weights_clients_by_examples_or_uniformly():
         expected = X0 + w[0] * DELTAS[0] + w[1] * DELTAS[1]
         np.testing.assert_allclose(state.params, expected, rtol=1e-6)
         np.testing.assert_allclose(metrics["update_norm"], np.linalg.norm(expected - X0), rtol=1e-5)
+
+
+def test_fedcog_momentum_variant_matches_its_code_rule():
+    import jax.numpy as jnp
+
+    from fedjax_lab.methods.server_optimizers import fedcog_momentum_server
+
+    opt = fedcog_momentum_server(0.1)
+    g = {"w": jnp.array([1.0, -2.0])}
+    state = opt.init(g)
+    first, state = opt.update(g, state)
+    np.testing.assert_allclose(first["w"], -g["w"])  # round 0: x - v with v = g
+    second, state = opt.update(g, state)
+    np.testing.assert_allclose(second["w"], -(0.1 * g["w"] + g["w"]) / 1.1, rtol=1e-6)

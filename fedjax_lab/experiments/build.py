@@ -25,7 +25,7 @@ from fedjax_lab.engine import (
     randomness,
 )
 from fedjax_lab.experiments.config import Config, ConfigError
-from fedjax_lab.experiments.datasets import build_dataset
+from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.methods import server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.feddecorr import feddecorr
@@ -120,6 +120,9 @@ def build_client_optimizer(config: Config) -> optax.GradientTransformation:
     return optax.chain(optax.add_decayed_weights(c.weight_decay), opt) if c.weight_decay else opt
 
 
+REFERENCES = ("centralized", "server_only")
+"""Reference runs: FedAvg on one client holding the pooled training data, or only the server's data."""
+
 FEDAVG_FAMILY = {"fedavg": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi",
                  "fedadagrad": "adagrad"}
 
@@ -132,6 +135,8 @@ def build_server_optimizer(config: Config) -> optax.GradientTransformation:
         return server_optimizers.fedavg_server(a.server_learning_rate)
     if rule == "momentum":
         return server_optimizers.fedavgm_server(a.server_learning_rate, a.server_momentum)
+    if rule == "momentum_fedcog":
+        return server_optimizers.fedcog_momentum_server(a.server_momentum)
     return server_optimizers.reddi_server(rule, a.server_learning_rate, a.beta1, a.beta2, a.tau)
 
 
@@ -220,14 +225,17 @@ def build_experiment(config: Config) -> Experiment:
       ConfigError: when the data and the config disagree (e.g. a cohort larger than the population).
     """
     dataset = build_dataset(config)
-    if config.rounds.clients_per_round > dataset.num_clients:
+    if config.algorithm.name in REFERENCES:
+        dataset = reference_view(dataset, config.algorithm.name)
+    if config.rounds.clients_per_round > dataset.num_clients and config.algorithm.name not in REFERENCES:
         raise ConfigError(f"rounds.clients_per_round must be <= the number of clients ({dataset.num_clients}), "
                           f"got {config.rounds.clients_per_round}")
     classifier = build_classifier(config, dataset)
     algorithm = build_algorithm(config, classifier, dataset)
     chunk_size = config.rounds.chunk_size or default_chunk_size(config.rounds.clients_per_round,
                                                                  jax.default_backend(), config.model.name)
-    plan = CohortPlan(dataset.num_clients, config.rounds.clients_per_round, chunk_size)
+    cohort = 1 if config.algorithm.name in REFERENCES else config.rounds.clients_per_round
+    plan = CohortPlan(dataset.num_clients, cohort, 1 if cohort == 1 else chunk_size)
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),
         train_arrays=jax.device_put(dataset.train),

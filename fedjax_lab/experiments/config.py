@@ -180,9 +180,10 @@ class AlgorithmConfig(Section):
     server optimiser (e.g. ``name: fedprox, server_optimizer: adam`` is FedProx + FedAdam)."""
 
     name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova",
-                  "feddyn", "fedexp", "fedsam", "moon", "feddecorr"]
-    server_optimizer: Literal["default", "sgd", "momentum", "adam", "yogi", "adagrad"] = Field(
-        "default", description="default: what the name implies (sgd for the baselines)")
+                  "feddyn", "fedexp", "fedsam", "moon", "feddecorr", "centralized", "server_only"]
+    server_optimizer: Literal["default", "sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"] = Field(
+        "default", description="default: what the name implies (sgd for the baselines); momentum_fedcog: FedCOG's "
+                               "code variant of FedAvgM (x - v / (1 + beta))")
     server_learning_rate: PositiveFloat = 1.0
     server_momentum: float = Field(0.9, ge=0, lt=1, description="fedavgm / server_optimizer=momentum")
     beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedjax_lab.data import partitions
@@ -114,3 +116,19 @@ def build_dataset(config: Config) -> FederatedDataset:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc)) from None
+
+
+def reference_view(dataset: FederatedDataset, reference: str) -> FederatedDataset:
+    """The data of a reference run, as one client: every client's training rows pooled (``centralized``), or
+    the server's data alone (``server_only``, Feddle's "Center")."""
+    if reference == "centralized":
+        rows = np.concatenate([dataset.client_train_ids[k, :n] for k, n in enumerate(dataset.client_train_counts)])
+        train = dataset.train
+    else:
+        if dataset.server is None:
+            raise ConfigError("algorithm.name: server_only needs dataset.server_data")
+        train = dict(dataset.server)
+        rows = np.arange(len(train["y"]))
+    ids, counts = index_table([rows])
+    return dataclasses.replace(dataset, name=f"{dataset.name} ({reference})", train=train, client_train_ids=ids,
+                               client_train_counts=counts)

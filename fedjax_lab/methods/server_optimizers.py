@@ -76,3 +76,24 @@ def reddi_server(rule: AdaptiveRule, learning_rate: float, b1: float = 0.9, b2: 
                  tau: float = 1e-3) -> optax.GradientTransformation:
     """FedAdagrad / FedYogi / FedAdam: :func:`scale_by_reddi` followed by a step of size ``learning_rate``."""
     return optax.chain(scale_by_reddi(rule, b1, b2, tau), optax.scale(-learning_rate))
+
+
+class FedCOGMomentumState(NamedTuple):
+    velocity: optax.Updates
+    count: jax.Array
+
+
+def fedcog_momentum_server(momentum: float = 0.1) -> optax.GradientTransformation:
+    """FedAvgM as FedCOG's code runs it: ``v <- beta v + g`` on the pseudo-gradient ``g``, then
+    ``x <- x - v / (1 + beta)``, except ``x <- x - v`` in the first round (see docs/baselines.md)."""
+
+    def init_fn(params):
+        return FedCOGMomentumState(jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        velocity = jax.tree.map(lambda v, g: momentum * v + g, state.velocity, updates)
+        scale = jnp.where(state.count == 0, 1.0, 1.0 / (1.0 + momentum))
+        return jax.tree.map(lambda v: -scale * v, velocity), FedCOGMomentumState(velocity, state.count + 1)
+
+    return optax.GradientTransformation(init_fn, update_fn)
