@@ -236,3 +236,11 @@ def test_centralized_reference_trains_one_client_on_the_pooled_data():
     assert experiment.dataset.client_train_counts[0] == federated.dataset.client_train_counts.sum()
     with pytest.raises(Exception, match="server_only needs dataset.server_data"):
         build_experiment(validate({**raw, "algorithm": {"name": "server_only"}}))
+
+
+def test_scaffold_correction_placements_agree_without_momentum(tiny_data, tiny_classifier):
+    n = tiny_data.num_clients
+    after, _ = _run(_scaffold(tiny_classifier, n, correction="after_step"), tiny_data, tiny_classifier, rounds=3)
+    through, _ = _run(_scaffold(tiny_classifier, n, correction="through_optimizer"), tiny_data, tiny_classifier,
+                      rounds=3)
+    assert_trees_close(after.server_state.params, through.server_state.params, rtol=1e-5, atol=1e-6)

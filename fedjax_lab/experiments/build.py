@@ -179,7 +179,7 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
         return fedprox(loss, client_opt, server_opt, schedule, a.mu, a.weighting)
     if a.name == "scaffold":
         return scaffold(loss, client_opt, server_opt, schedule, config.client.learning_rate, dataset.num_clients,
-                        a.option, a.control_average, a.weighting)
+                        a.option, a.control_average, a.weighting, a.correction)
     if a.name == "fednova":
         return fednova(loss, client_opt, server_opt, schedule, config.client.momentum, a.weighting)
     if a.name == "feddyn":

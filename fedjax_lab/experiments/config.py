@@ -196,6 +196,9 @@ class AlgorithmConfig(Section):
     beta: float = Field(0.1, ge=0, description="feddecorr: decorrelation weight")
     option: Literal["I", "II"] = Field("II", description="scaffold: control update")
     control_average: Literal["all", "cohort"] = Field("all", description="scaffold: divide control deltas by N or |S|")
+    correction: Literal["after_step", "through_optimizer"] = Field(
+        "after_step", description="scaffold: apply -eta (c - c_k) after the optimiser step, or add c - c_k to the "
+                                  "gradient before it (amplified by client momentum)")
     alpha: float = Field(0.01, ge=0, description="feddyn: regularisation weight")
     epsilon: PositiveFloat = Field(1e-3, description="fedexp: step-size denominator offset")
     rho: float = Field(0.05, ge=0, description="fedsam: perturbation radius")
