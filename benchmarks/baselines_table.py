@@ -9,6 +9,9 @@ Usage::
 
     python benchmarks/baselines_table.py --seeds 0 1 2            # about 1 hour on 2 cores
     python benchmarks/baselines_table.py --seeds 0 --alphas 0.5   # a quick look
+
+Finished runs are reused (an interrupted table continues where it stopped); ``--rerun METHOD ...`` runs those
+methods again.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--runs", default="runs/baselines")
+    ap.add_argument("--rerun", nargs="*", default=[], help="methods to run again even if their runs finished")
     ap.add_argument("--out", default=str(REPO / "docs"))
     args = ap.parse_args(argv)
     results = {}
@@ -63,9 +67,12 @@ def main(argv=None) -> None:
             for seed in args.seeds:
                 run_dir = Path(args.runs) / f"alpha{alpha}" / method / f"seed{seed}"
                 start = time.perf_counter()
-                config = load_config(REPO / "configs" / "cifar10_fedavg.yaml",
-                                     overrides(method, alpha, seed, args.rounds))
-                summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+                if (run_dir / "summary.json").is_file() and method not in args.rerun:  # finished earlier: reuse
+                    summary = json.loads((run_dir / "summary.json").read_text())
+                else:
+                    config = load_config(REPO / "configs" / "cifar10_fedavg.yaml",
+                                         overrides(method, alpha, seed, args.rounds))
+                    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
                 results[(alpha, method, seed)] = (summary, read_metrics(run_dir))
                 print(f"alpha {alpha} {method:<12} seed {seed}: final {summary['final']['test_accuracy']:.4f} "
                       f"best {summary['best_test_accuracy']:.4f} diverged={summary['diverged']} "
