@@ -12,7 +12,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_lab.engine.types import Arrays, Params
 
@@ -20,19 +19,6 @@ ExampleMetricsFn = Callable[[Params, Arrays], tuple[jax.Array, jax.Array, jax.Ar
 """``example_metrics(params, batch) -> (loss, correct, count)``, each ``[B]``: per example the summed loss, the
 number of correct predictions and the number of labels counted (1 per example for classification, the real
 tokens for sequences; 0 for masked rows)."""
-
-
-def classification_metrics(predict_fn: Callable[[Params, jax.Array], jax.Array]) -> ExampleMetricsFn:
-    """:data:`ExampleMetricsFn` of a ``predict_fn(params, x) -> logits [B, C]``: cross-entropy and accuracy."""
-
-    def example_metrics(params, batch):
-        logits = predict_fn(params, batch["x"])
-        mask = batch["mask"].astype(jnp.float32)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
-        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
-        return loss * mask, correct * mask, mask
-
-    return example_metrics
 
 
 def pad_to_batches(arrays: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
@@ -62,7 +48,7 @@ class Evaluator:
 
     Args:
       example_metrics: per-example loss, correctness and label count (:data:`ExampleMetricsFn`), e.g.
-        ``Classifier.example_metrics`` or :func:`classification_metrics` of a predict function.
+        ``Classifier.example_metrics``.
       arrays: ``{'x', 'y'}`` host arrays.
       batch_size: examples per evaluation batch.
       client_example_ids, client_num_examples: optional index table grouping ``arrays`` by client; with it,

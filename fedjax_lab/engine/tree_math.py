@@ -23,6 +23,11 @@ def tree_scale(a: PyTree, s: jax.Array | float) -> PyTree:
     return jax.tree.map(lambda x: s * x, a)
 
 
+def tree_squared_norm(a: PyTree) -> jax.Array:
+    """``sum of squares`` over every leaf."""
+    return sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(a))
+
+
 def tree_zeros_like(a: PyTree) -> PyTree:
     """A tree of zeros shaped like ``a``."""
     return jax.tree.map(jnp.zeros_like, a)

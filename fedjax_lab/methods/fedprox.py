@@ -7,21 +7,14 @@ References:
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.aggregation import Weighting
 from fedjax_lab.engine.local_training import LocalSchedule
-from fedjax_lab.engine.tree_math import tree_sub
+from fedjax_lab.engine.tree_math import tree_squared_norm, tree_sub
 from fedjax_lab.engine.types import Algorithm, LossFn, Params
 from fedjax_lab.engine.variables import split_variables
 from fedjax_lab.methods.fedavg import fedavg, local_delta
-
-
-def squared_norm(tree: Params) -> jax.Array:
-    """``sum of squares`` over every leaf."""
-    return sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(tree))
 
 
 def proximal_loss(loss_fn: LossFn, anchor: Params, mu: float) -> LossFn:
@@ -31,7 +24,7 @@ def proximal_loss(loss_fn: LossFn, anchor: Params, mu: float) -> LossFn:
     def loss(variables, batch, key):
         value, model_state = loss_fn(variables, batch, key)
         drift = tree_sub(split_variables(variables)[0], anchor_params)
-        return value + 0.5 * mu * squared_norm(drift), model_state
+        return value + 0.5 * mu * tree_squared_norm(drift), model_state
 
     return loss
 

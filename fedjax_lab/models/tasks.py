@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_lab.engine.tree_math import tree_squared_norm
 from fedjax_lab.engine.types import Arrays, Params
 
 Preprocess = Callable[[jax.Array], jax.Array]
@@ -45,11 +46,20 @@ class Standardize:
     std: tuple[float, ...]
 
     @classmethod
-    def fit(cls, images: np.ndarray) -> Standardize:
-        """Per-channel mean and std of ``as_float(images)``, computed in float64 on the host."""
-        x = images.astype(np.float64) / (255.0 if np.issubdtype(images.dtype, np.integer) else 1.0)
-        axes = tuple(range(x.ndim - 1))
-        return cls(tuple(x.mean(axes).tolist()), tuple(np.maximum(x.std(axes), 1e-8).tolist()))
+    def fit(cls, images: np.ndarray, chunk: int = 1 << 20) -> Standardize:
+        """Per-channel mean and std of ``as_float(images)``, accumulated in float64 over chunks of pixels (no
+        float copy of the whole dataset)."""
+        pixels = images.reshape(-1, images.shape[-1])
+        total = np.zeros(pixels.shape[1])
+        squares = np.zeros(pixels.shape[1])
+        for start in range(0, len(pixels), chunk):
+            part = pixels[start:start + chunk].astype(np.float64)
+            total += part.sum(0)
+            squares += np.square(part).sum(0)
+        scale = 255.0 if np.issubdtype(images.dtype, np.integer) else 1.0
+        mean = total / len(pixels)
+        std = np.sqrt(np.maximum(squares / len(pixels) - mean**2, 0.0))
+        return cls(tuple((mean / scale).tolist()), tuple(np.maximum(std / scale, 1e-8).tolist()))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return (as_float(x) - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(self.std, jnp.float32)
@@ -144,7 +154,7 @@ class Classifier:
         """Mean objective over the real labels of the batch, plus the L2 term."""
         loss = masked_mean(self.pointwise_loss(outputs, batch["y"]), self.token_weights(batch["y"], batch["mask"]))
         if self.l2:
-            loss = loss + 0.5 * self.l2 * sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(variables["params"]))
+            loss = loss + 0.5 * self.l2 * tree_squared_norm(variables["params"])
         return loss
 
     def loss(self, variables: Params, batch: Arrays, key: jax.Array):
