@@ -97,8 +97,8 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
     every = config.eval.every
     bar = tqdm(total=total, initial=int(state.round), unit="round", disable=not progress, dynamic_ncols=True,
                desc=experiment.dataset.name)
-    timings, blocks_run = [], 0
-    while int(state.round) < stop:
+    timings, blocks_run, diverged = [], 0, None
+    while int(state.round) < stop and not diverged:
         first = int(state.round)
         num_rounds = min(every - first % every, stop - first)
         start = time.perf_counter()
@@ -112,12 +112,8 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
             rows[-1]["diverged"] = diverged
         directory.append_metrics(rows)
         if diverged:
-            bar.close()
-            summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
-            directory.write_summary(summary)
-            plot_runs([run_dir], run_dir / "curves.png")
             print(f"fedjax-lab: run diverged ({diverged}); stopped", file=sys.stderr)
-            return summary
+            break
         blocks_run += 1
         if int(state.round) == total or (config.checkpoint.every_blocks and blocks_run % config.checkpoint.every_blocks == 0):
             directory.save_checkpoint(state)
@@ -125,8 +121,8 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         if "test_accuracy" in rows[-1]:
             bar.set_postfix(acc=f"{rows[-1]['test_accuracy']:.4f}", loss=f"{rows[-1]['test_loss']:.4f}")
     bar.close()
-    summary = _summarise(directory, timings, experiment)
-    if int(state.round) == total:
+    summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
+    if int(state.round) == total or diverged:
         directory.write_summary(summary)
         plot_runs([run_dir], run_dir / "curves.png")
     return summary
@@ -148,5 +144,4 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experi
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        "diverged": None,
     }
