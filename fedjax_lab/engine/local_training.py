@@ -43,6 +43,9 @@ class LocalSchedule:
       min_examples: the smallest client in the population; bounds how many epochs a client can pass through
         under ``local_steps`` (so how many permutations are drawn). 1 is always safe, only slower.
       unroll: ``lax.scan`` unroll factor of the step loop (speed only, never results).
+      probe_examples: after training, also report the final model's loss on this many of the client's
+        examples, drawn without replacement (all of them when the client has fewer); 0 reports nothing.
+        FedWalk's clients send this loss (its Eq. 3).
     """
 
     batch_size: int
@@ -50,6 +53,7 @@ class LocalSchedule:
     local_epochs: int | None = None
     min_examples: int = 1
     unroll: int = 1
+    probe_examples: int = 0
 
     def __post_init__(self):
         if (self.local_steps is None) == (self.local_epochs is None):
@@ -58,6 +62,8 @@ class LocalSchedule:
         for name in ("batch_size", "min_examples", "unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.probe_examples < 0:
+            raise ValueError(f"probe_examples must be >= 0, got {self.probe_examples}")
         budget = self.local_steps if self.local_steps is not None else self.local_epochs
         if budget < 1:
             raise ValueError(f"the local budget must be >= 1, got {budget}")
@@ -80,10 +86,11 @@ class LocalSchedule:
 
 
 class LocalStats(NamedTuple):
-    """What local training reports besides the new parameters."""
+    """What local training reports besides the new parameters (``final_loss`` is NaN without a probe)."""
 
     mean_loss: jax.Array
     num_steps: jax.Array
+    final_loss: jax.Array
 
 
 def epoch_permutations(key: jax.Array, num_examples: jax.Array, max_examples: int, num_epochs: int) -> jax.Array:
@@ -115,6 +122,17 @@ def gather_batch(arrays: Arrays, example_ids: jax.Array, mask: jax.Array) -> dic
     return batch
 
 
+def probe_loss(variables: Params, loss_fn: LossFn, client: ClientData, arrays: Arrays, key: jax.Array,
+               num_probe: int) -> jax.Array:
+    """``loss_fn`` of ``variables`` on ``min(num_probe, n_k)`` of the client's examples drawn without
+    replacement (one masked batch; the model state it returns is discarded)."""
+    max_examples = client.example_ids.shape[-1]
+    size = min(num_probe, max_examples)
+    slots = epoch_permutations(key, client.num_examples, max_examples, 1)[0, :size]
+    batch = gather_batch(arrays, client.example_ids[slots], jnp.arange(size) < client.num_examples)
+    return loss_fn(variables, batch, key)[0]
+
+
 def train_locally(
     variables: Params,
     loss_fn: LossFn,
@@ -124,6 +142,7 @@ def train_locally(
     key: jax.Array,
     schedule: LocalSchedule,
     value_and_grad: Callable = jax.value_and_grad,
+    task_loss: LossFn | None = None,
 ) -> tuple[Params, LocalStats]:
     """Runs one client's local optimisation from ``variables`` and returns the final variables.
 
@@ -134,7 +153,9 @@ def train_locally(
     The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts
     fresh every round; model state such as BatchNorm statistics follows what ``loss_fn`` returns.
     ``loss_fn(variables, batch, key) -> (loss, model_state)`` receives batches ``{'x', 'y', 'mask'}`` whose
-    masked-out rows must not contribute (see the module docstring).
+    masked-out rows must not contribute (see the module docstring). With ``schedule.probe_examples``, the final
+    model's ``task_loss`` (default ``loss_fn``; methods that add a term to the objective pass the plain one) is
+    measured on a sample of the client's examples (:func:`probe_loss`).
     """
     max_examples = client.example_ids.shape[-1]
     permutations = epoch_permutations(jax.random.fold_in(key, Purpose.SHUFFLE), client.num_examples,
@@ -175,5 +196,9 @@ def train_locally(
 
         _, (params, model_state, _, loss_sum) = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
                                                                     (jnp.zeros((), jnp.int32), carry))
-    return (merge_variables(params, model_state, variables),
-            LocalStats(mean_loss=loss_sum / jnp.maximum(num_steps, 1), num_steps=num_steps))
+    trained = merge_variables(params, model_state, variables)
+    final_loss = jnp.full((), jnp.nan, jnp.float32)
+    if schedule.probe_examples:
+        final_loss = probe_loss(trained, task_loss or loss_fn, client, arrays, jax.random.fold_in(key, Purpose.PROBE),
+                                schedule.probe_examples)
+    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, final_loss)

@@ -69,6 +69,11 @@ class ServerContext(NamedTuple):
     server_arrays: Arrays
 
 
+def replace_params(server_state: ServerState, params: Params) -> ServerState:
+    """A NamedTuple server state with its ``params`` field replaced (the default model setter)."""
+    return server_state._replace(params=params)
+
+
 class Algorithm(NamedTuple):
     """An FL method as pure functions over pytree state. See the module docstring for the data flow.
 
@@ -81,6 +86,9 @@ class Algorithm(NamedTuple):
       server_update: ``(server_state, messages, cohort: Cohort, context: ServerContext)
         -> (server_state, metrics)``; ``messages`` is the pytree of client messages stacked over the cohort.
       model_params: ``(server_state) -> params`` of the global model, for evaluation and checkpoints.
+      set_model_params: ``(server_state, params) -> server_state`` with the global model replaced, for
+        plug-ins that move the model on the server (FedWalk's leash). The default replaces the ``params``
+        field of a NamedTuple state.
     """
 
     server_init: Callable[[Params], ServerState]
@@ -88,6 +96,7 @@ class Algorithm(NamedTuple):
     client_update: Callable[..., tuple[Message, ClientState, Metrics]]
     server_update: Callable[..., tuple[ServerState, Metrics]]
     model_params: Callable[[ServerState], Params]
+    set_model_params: Callable[[ServerState, Params], ServerState] = replace_params
 
 
 class LoopState(NamedTuple):

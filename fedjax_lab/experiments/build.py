@@ -32,6 +32,7 @@ from fedjax_lab.methods.feddecorr import feddecorr
 from fedjax_lab.methods.feddyn import feddyn
 from fedjax_lab.methods.fedexp import fedexp
 from fedjax_lab.methods.fednova import fednova
+from fedjax_lab.methods.fedwalk import LeashTask, fedwalk, pretrain_on_leash
 from fedjax_lab.methods.fedprox import fedprox
 from fedjax_lab.methods.fedsam import fedsam
 from fedjax_lab.methods.moon import moon
@@ -141,9 +142,11 @@ def build_server_optimizer(config: Config) -> optax.GradientTransformation:
 
 
 def build_schedule(config: Config, dataset: FederatedDataset) -> LocalSchedule:
-    c = config.client
+    """Local training; FedWalk's clients also measure their final model's loss (``probe_examples``)."""
+    c, walk = config.client, config.algorithm.fedwalk
+    probe = walk.client_loss_examples if walk and walk.mode == "leash" and walk.client_loss == "final" else 0
     return LocalSchedule(c.batch_size, c.local_steps, c.local_epochs, min_examples=dataset.min_examples,
-                         unroll=config.rounds.unroll)
+                         unroll=config.rounds.unroll, probe_examples=probe)
 
 
 CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "resnet8", "resnet18")
@@ -164,8 +167,47 @@ def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> in
     return 2 if cohort_size % 2 == 0 else 1
 
 
+def leash_task(classifier: models.Classifier, dataset: FederatedDataset) -> LeashTask:
+    """FedWalk's leash task on the server's data (``dataset.server``): a head with one output per leash label."""
+    return LeashTask(classifier, int(dataset.server["y"].max()) + 1)
+
+
+def leash_head_key(seed: int) -> jax.Array:
+    return jax.random.fold_in(randomness.init_key(randomness.base_key(seed)), randomness.Purpose.LEASH)
+
+
 def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
-    """The FL algorithm of ``config.algorithm``.
+    """The FL algorithm of ``config.algorithm``, with FedWalk's leash when ``algorithm.fedwalk`` asks for it."""
+    algorithm = build_base_algorithm(config, classifier, dataset)
+    walk = config.algorithm.fedwalk
+    if walk is None or walk.mode != "leash":
+        return algorithm
+    return fedwalk(algorithm, leash_task(classifier, dataset), leash_head_key(config.seed), walk.tau, walk.beta,
+                   walk.learning_rate or config.client.learning_rate, walk.momentum, walk.steps, walk.batch_size,
+                   walk.leash_loss_examples, walk.client_loss)
+
+
+def build_pretraining(config: Config, classifier: models.Classifier, dataset: FederatedDataset):
+    """``prepare(params, inputs) -> params`` for FedWalk's pre-training ablation (leash steps before FL), or
+    ``None``."""
+    walk = config.algorithm.fedwalk
+    if walk is None or walk.mode != "pretrain":
+        return None
+    leash = leash_task(classifier, dataset)
+    steps = walk.pretrain_steps or config.rounds.num_rounds * walk.steps
+    rate = walk.learning_rate or config.client.learning_rate
+
+    @jax.jit
+    def prepare(params, inputs: RoundInputs):
+        key = jax.random.fold_in(jax.random.fold_in(randomness.init_key(inputs.key), randomness.Purpose.LEASH), 1)
+        return pretrain_on_leash(leash, params, leash_head_key(config.seed), inputs.server_arrays, key, steps, rate,
+                                 walk.momentum, walk.batch_size)
+
+    return prepare
+
+
+def build_base_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
+    """The FL algorithm of ``config.algorithm.name``.
 
     Raises:
       ConfigError: a server optimiser given to a method with its own server step (feddyn, fedexp).
@@ -207,10 +249,14 @@ class Experiment:
     inputs: RoundInputs
     evaluator: Evaluator
     run_rounds: Any
+    prepare: Any = None
 
     def initial_state(self) -> LoopState:
-        """The loop state before round 0; the model is initialised from the run's seed."""
+        """The loop state before round 0; the model is initialised from the run's seed (and pre-trained on the
+        leash, for FedWalk's pre-training ablation)."""
         params = self.classifier.init(randomness.init_key(self.inputs.key))
+        if self.prepare is not None:
+            params = self.prepare(params, self.inputs)
         return init_loop_state(self.algorithm, params, self.dataset.num_clients)
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
@@ -248,4 +294,4 @@ def build_experiment(config: Config) -> Experiment:
                           dataset.client_test_ids if per_client else None,
                           dataset.client_test_counts if per_client else None)
     return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm, plan))
+                      make_run_rounds(algorithm, plan), build_pretraining(config, classifier, dataset))

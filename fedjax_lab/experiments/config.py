@@ -76,7 +76,9 @@ class ServerDataConfig(Section):
     kind: Literal["in_domain", "out_of_domain", "withheld_classes"]
     size: PositiveInt = 1000
     dataset: str | None = Field(None, description="out_of_domain: another dataset of the same source")
-    classes: tuple[int, ...] = Field((), description="withheld_classes: classes no client sees")
+    classes: tuple[int | str, ...] = Field((), description="withheld_classes: classes no client sees; "
+                                                           "out_of_domain: the other dataset's classes to keep "
+                                                           "(relabelled 0, 1, ... in this order). Ids or names")
     stratified: bool = Field(True, description="in_domain: balance the classes")
 
     @model_validator(mode="after")
@@ -202,6 +204,28 @@ class AlgorithmConfig(Section):
     alpha: float = Field(0.01, ge=0, description="feddyn: regularisation weight")
     epsilon: PositiveFloat = Field(1e-3, description="fedexp: step-size denominator offset")
     rho: float = Field(0.05, ge=0, description="fedsam: perturbation radius")
+    fedwalk: FedWalkConfig | None = Field(None, description="adds FedWalk's leash to the method ('X + FedWalk')")
+
+
+class FedWalkConfig(Section):
+    """FedWalk's leash on top of ``algorithm.name`` (``fedjax_lab/methods/fedwalk.py``); the leash set is
+    ``dataset.server_data``."""
+
+    mode: Literal["leash", "pretrain"] = Field("leash", description="pretrain: the ablation's leash training "
+                                                                    "before FL, then no leash")
+    tau: float = Field(0.5, description="LLR threshold: the leash trains while log2(Lc/Ls) < tau (-.inf: never)")
+    beta: float = Field(0.9, ge=0, lt=1, description="momentum of the client-loss EMA Lc")
+    steps: PositiveInt = Field(1, description="T_s: leash SGD steps when the gate opens")
+    batch_size: PositiveInt = Field(64, description="B_s: leash batch size")
+    learning_rate: PositiveFloat | None = Field(None, description="gamma; default client.learning_rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="leash SGD momentum (the paper: none)")
+    client_loss: Literal["final", "train"] = Field(
+        "final", description="L_k: the final local model's loss on client_loss_examples of the client's data, "
+                             "or the mean loss of its training steps")
+    client_loss_examples: PositiveInt = Field(256, description="sample size of L_k (all, for smaller clients)")
+    leash_loss_examples: PositiveInt = Field(512, description="sample size of Ls (all, for a smaller leash set)")
+    pretrain_steps: PositiveInt | None = Field(None, description="pretrain: leash steps before FL; "
+                                                                 "default rounds.num_rounds * steps")
 
 
 class RoundsConfig(Section):
@@ -249,6 +273,17 @@ class Config(Section):
         if self.rounds.clients_per_round > population:
             raise ValueError(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
                              f"got {self.rounds.clients_per_round}")
+        return self
+
+    @model_validator(mode="after")
+    def _leash_has_data(self):
+        if self.algorithm.fedwalk is None:
+            return self
+        if getattr(self.dataset, "server_data", None) is None:
+            raise ValueError("algorithm.fedwalk needs a leash set: set dataset.server_data (an image dataset's "
+                             "data held by the server)")
+        if self.algorithm.name in ("centralized", "server_only"):
+            raise ValueError(f"algorithm.fedwalk cannot wrap the reference run {self.algorithm.name!r}")
         return self
 
 
@@ -319,14 +354,36 @@ def apply_override(raw: dict, override: str) -> dict:
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
-    """Reads a YAML config, applies ``dotted.key=value`` overrides, and validates the result."""
-    path = Path(path)
+def deep_merge(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` applied: nested mappings merge key by key, anything else is replaced."""
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key),
+                                                                                                 dict) else value
+    return merged
+
+
+def read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A YAML config as a dict, with ``extends: other.yaml`` (relative to this file) resolved: this file's keys
+    are merged over the other's."""
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.resolve() in seen:
+        raise ConfigError(f"config file {str(path)!r} extends itself (through {[str(p) for p in seen]})")
     raw = yaml.safe_load(path.read_text()) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends must be the path of another config file, got {parent!r}")
+    return deep_merge(read_raw(path.parent / parent, seen + (path.resolve(),)), raw)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Reads a YAML config (resolving ``extends``), applies ``dotted.key=value`` overrides, and validates it."""
+    raw = read_raw(Path(path))
     for override in overrides:
         apply_override(raw, override)
     return validate(raw)

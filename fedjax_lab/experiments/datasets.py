@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 import numpy as np
 
@@ -50,6 +51,30 @@ def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, see
     return partitions.bherd_case(labels, n, p.case, num_classes)
 
 
+def class_ids(classes: tuple[int | str, ...], data: CentralDataset) -> list[int]:
+    """``dataset.server_data.classes`` as label ids of ``data``; names are looked up in its class names.
+
+    Raises:
+      ConfigError: an id out of range or a name the dataset does not have (the message lists the names).
+    """
+    ids = []
+    for c in classes:
+        if isinstance(c, str):
+            if c not in data.class_names:
+                close = difflib.get_close_matches(c, data.class_names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"dataset.server_data.classes: {data.name} has no class {c!r}{hint} "
+                                  f"(allowed: {', '.join(data.class_names) or f'ids 0..{data.num_classes - 1}'})")
+            c = data.class_names.index(c)
+        if not 0 <= c < data.num_classes:
+            raise ConfigError(f"dataset.server_data.classes: {c} is not a class id of {data.name} "
+                              f"(0..{data.num_classes - 1})")
+        ids.append(int(c))
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"dataset.server_data.classes: a class is listed twice in {list(classes)}")
+    return ids
+
+
 def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
                  seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``(server_arrays, client_rows)``: the server's data and the training rows left for the clients."""
@@ -57,14 +82,21 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
     if s.kind == "in_domain":
         server_rows, rest = carve_in_domain(labels, s.size, seed, s.stratified)
     elif s.kind == "withheld_classes":
-        server_rows, rest = withhold_classes(labels, list(s.classes), s.size, seed)
+        server_rows, rest = withhold_classes(labels, class_ids(s.classes, data), s.size, seed)
     else:
         other = load_central(d, s.dataset)
         if other.input_shape != data.input_shape:
             raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not match "
                               f"{d.name} inputs {data.input_shape}")
-        rows = sample_rows(len(other.train["y"]), s.size, seed)
-        return {"x": other.train["x"][rows], "y": other.train["y"][rows]}, np.arange(len(labels))
+        x, y = other.train["x"], other.train["y"]
+        if s.classes:  # keep the listed classes only, relabelled by their position in the list
+            keep = class_ids(s.classes, other)
+            new_label = np.full(other.num_classes, -1, y.dtype)
+            new_label[keep] = np.arange(len(keep))
+            selected = np.flatnonzero(new_label[y] >= 0)
+            x, y = x[selected], new_label[y[selected]]
+        rows = sample_rows(len(y), min(s.size, len(y)), seed)
+        return {"x": x[rows], "y": y[rows]}, np.arange(len(labels))
     return {"x": data.train["x"][server_rows], "y": labels[server_rows]}, rest
 
 

@@ -48,9 +48,13 @@ def init_server_state(server_optimizer: optax.GradientTransformation, variables:
 
 def local_delta(variables: Params, loss_fn: LossFn, optimizer: optax.GradientTransformation, client, arrays,
                 key, schedule: LocalSchedule, **train_kwargs) -> tuple[Params, dict]:
-    """Trains one client from ``variables`` and returns ``(y_k - x_t, metrics)``."""
+    """Trains one client from ``variables`` and returns ``(y_k - x_t, metrics)``; the metrics hold
+    ``final_loss`` when the schedule probes the final model (see :func:`train_locally`)."""
     trained, stats = train_locally(variables, loss_fn, optimizer, client, arrays, key, schedule, **train_kwargs)
-    return tree_sub(trained, variables), {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
+    metrics = {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
+    if schedule.probe_examples:
+        metrics["final_loss"] = stats.final_loss
+    return tree_sub(trained, variables), metrics
 
 
 def fedavg(

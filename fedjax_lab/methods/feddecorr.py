@@ -43,7 +43,8 @@ def feddecorr(classifier: Classifier, client_optimizer: optax.GradientTransforma
     loss = classifier.loss_with(lambda features, inputs, mask: beta * decorrelation(features, mask))
 
     def client_update(server_state, client_state, client, arrays, key):
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule)
+        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
+                                     task_loss=classifier.loss)
         return delta, client_state, metrics
 
     return base._replace(client_update=client_update)

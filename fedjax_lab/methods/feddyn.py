@@ -53,7 +53,8 @@ def feddyn(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, sche
 
     def client_update(server_state, g, client, arrays, key):
         loss = proximal_loss(linear_penalty(loss_fn, g), server_state.params, alpha)
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule)
+        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
+                                     task_loss=loss_fn)
         return delta, tree_sub(g, tree_scale(split_variables(delta)[0], alpha)), metrics
 
     def server_update(server_state, deltas, cohort, context):

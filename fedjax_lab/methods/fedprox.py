@@ -37,7 +37,8 @@ def fedprox(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
 
     def client_update(server_state, client_state, client, arrays, key):
         loss = proximal_loss(loss_fn, server_state.params, mu)
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule)
+        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
+                                     task_loss=loss_fn)
         return delta, client_state, metrics
 
     return base._replace(client_update=client_update)

@@ -51,7 +51,8 @@ def moon(classifier: Classifier, client_optimizer: optax.GradientTransformation,
 
     def client_update(server_state, previous, client, arrays, key):
         loss = classifier.loss_with(contrastive_term(classifier, server_state.params, previous, mu, temperature))
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule)
+        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
+                                     task_loss=classifier.loss)
         return delta, tree_add(server_state.params, delta), metrics
 
     return base._replace(client_init=lambda server_state: server_state.params, client_update=client_update)

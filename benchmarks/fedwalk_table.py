@@ -1,0 +1,156 @@
+"""FedWalk's experiments at CPU scale: Table 2 (FedAvg, SCAFFOLD, FedProx, FedNova, each alone and "+ FedWalk",
+CIFAR-10 Dirichlet(0.1) and "IID" Dirichlet(10), several seeds), the tau sweep of Fig. 3 for the LH, MH and HH
+leashes, and the pre-training ablation of Fig. 4. Writes ``docs/reproductions/fedwalk_results.md`` and
+``docs/reproductions/fedwalk_tau.png`` after every run, so that an interrupted job leaves usable tables.
+
+The scale is that of ``configs/fedwalk/cifar10_dir0.1.yaml`` (simple-CNN, 100 clients, 20 per round, 5 steps of
+batch 32, lr 0.05, 50 rounds). Finished runs are reused; run it again to continue.
+
+Usage::
+
+    python benchmarks/fedwalk_table.py                       # everything, about 70 min on 2 cores
+    python benchmarks/fedwalk_table.py --parts table --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments.run_directory import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs" / "fedwalk"
+BASES = {"fedavg": ["algorithm.weighting=uniform"], "scaffold": ["algorithm.weighting=num_examples"],
+         "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
+         "fednova": ["algorithm.weighting=num_examples"]}
+SETTINGS = {"dir0.1": "cifar10_dir0.1.yaml", "iid": "cifar10_iid.yaml"}
+GRADES = {"LH": "cifar10_dir0.1.yaml", "MH": "cifar10_dir0.1_mh.yaml", "HH": "cifar10_dir0.1_hh.yaml"}
+TAUS = (-3.0, -2.0, -1.0, 0.0, 1.0, 3.0)
+PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
+    "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48), "fednova": (86.32, 95.46),
+    "fedavg+fedwalk": (91.45, 95.88), "scaffold+fedwalk": (86.48, 96.58), "fedprox+fedwalk": (91.41, 95.82),
+    "fednova+fedwalk": (91.89, 95.82)}
+
+
+def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> dict:
+    """Runs (or reuses) one experiment; returns its summary plus its metrics rows."""
+    run_dir = runs / name
+    start = time.perf_counter()
+    if not (run_dir / "summary.json").is_file():
+        config = load_config(CONFIGS / config_file, overrides)
+        run_experiment(config, run_dir, overwrite=True, progress=False)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_metrics(run_dir)
+    print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
+          f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return {"summary": summary, "rows": rows}
+
+
+def table_jobs(seeds):
+    for setting in SETTINGS:
+        for seed in seeds:
+            for base, extra in BASES.items():
+                for walk in (False, True):
+                    method = f"{base}+fedwalk" if walk else base
+                    yield (f"table/{setting}/{method}/seed{seed}", SETTINGS[setting],
+                           [f"algorithm.name={base}", f"seed={seed}", *extra]
+                           + ([] if walk else ["algorithm.fedwalk=null"]))
+
+
+def sweep_jobs(grades):
+    for grade in grades:
+        for tau in TAUS:
+            yield f"sweep/{grade}/tau{tau:g}", GRADES[grade], [f"algorithm.fedwalk.tau={tau}"]
+        yield f"pretrain/{grade}", GRADES[grade], ["algorithm.fedwalk.mode=pretrain"]
+
+
+def mean_std(values) -> str:
+    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}" if values else "–"
+
+
+def write_report(results: dict, args) -> None:
+    out = Path(args.out)
+    lines = [f"Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
+             f"round (the paper reports the best), mean ± std over the seeds that have finished; the paper's "
+             f"Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
+             f"`python benchmarks/fedwalk_table.py`.", "",
+             "| method | seeds | Dir(0.1) final | Dir(0.1) best | paper Dir(0.1) | IID final | IID best | paper IID |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for base in BASES:
+        for method in (base, f"{base}+fedwalk"):
+            cells, seeds = [], set()
+            for i, setting in enumerate(SETTINGS):
+                done = [(s, results[k]) for s in args.seeds
+                        if (k := f"table/{setting}/{method}/seed{s}") in results]
+                seeds.update(s for s, _ in done)
+                cells += [mean_std([r["summary"]["final"]["test_accuracy"] for _, r in done]),
+                          mean_std([r["summary"]["best_test_accuracy"] for _, r in done]), f"{PAPER[method][i]:.2f}"]
+            lines.append(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
+    lines += ["", "Tau sweep and pre-training (Dir(0.1), seed 0): final / best test accuracy (%) and the leash "
+              "steps taken in 50 rounds.", "", "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS)
+              + " | pre-training |", "|---|" + "---:|" * (len(TAUS) + 1)]
+    for grade in GRADES:
+        cells = []
+        for key in [f"sweep/{grade}/tau{t:g}" for t in TAUS] + [f"pretrain/{grade}"]:
+            r = results.get(key)
+            cells.append("–" if r is None else
+                         f"{100 * r['summary']['final']['test_accuracy']:.1f} / "
+                         f"{100 * r['summary']['best_test_accuracy']:.1f} "
+                         f"({r['rows'][-1].get('leash_steps_taken', 0):.0f})")
+        lines.append(f"| {grade} | " + " | ".join(cells) + " |")
+    (out / "fedwalk_results.md").write_text("\n".join(lines) + "\n")
+    plot_sweep(results, out / "fedwalk_tau.png")
+
+
+def plot_sweep(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for grade in GRADES:
+        points = [(t, results[k]["summary"]["best_test_accuracy"]) for t in TAUS
+                  if (k := f"sweep/{grade}/tau{t:g}") in results]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=f"FedWalk ({grade})")
+    fedavg = [results[k]["summary"]["best_test_accuracy"] for k in ["table/dir0.1/fedavg/seed0"] if k in results]
+    if fedavg:
+        ax.axhline(fedavg[0], color="gray", linestyle="--", label="FedAvg")
+    ax.set_xlabel("tau")
+    ax.set_ylabel("best test accuracy")
+    ax.set_title("CIFAR-10 Dir(0.1), seed 0")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", nargs="+", default=["table", "sweep"], choices=["table", "sweep"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--runs", default="runs/fedwalk")
+    ap.add_argument("--out", default=str(REPO / "docs" / "reproductions"))
+    args = ap.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    table = list(table_jobs(args.seeds)) if "table" in args.parts else []
+    sweep = list(sweep_jobs(GRADES)) if "sweep" in args.parts else []
+    # Seed 0's Dir(0.1) table, then the LH sweep, then the rest: the first hour gives every figure a first look.
+    first = [j for j in table if "/dir0.1/" in j[0] and j[0].endswith("seed0")] + [j for j in sweep if "/LH" in j[0]]
+    jobs = first + [j for j in table + sweep if j not in first]
+    results = {}
+    for name, config_file, overrides in jobs:
+        results[name] = run(Path(args.runs), name, config_file, overrides)
+        write_report(results, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""FedWalk: "X + FedWalk" trains the aggregated model on the server's leash task, gated by the log loss ratio.
+
+Round t of any base algorithm X, then (Algorithm 1 of the paper):
+
+* clients send X's message and ``L_k``, the loss of their final local model on their own data (Eq. 3);
+* the server runs X's aggregation, then updates the client-loss EMA ``Lc <- beta Lc + (1 - beta) mean_k L_k``
+  (Eq. 5, ``Lc_0 = 0``, no bias correction);
+* if ``log2(Lc / Ls) < tau`` (Eq. 7) it takes ``T_s`` SGD steps ``W <- W - gamma grad F(W; xi)`` on batches of
+  the leash set (Eq. 6) and measures the leash loss ``Ls = F(W)`` again; otherwise the model is X's aggregate.
+
+The leash task has its own label set, so its loss ``F`` reads the model's features through a separate leash
+head, which lives only on the server: it is neither broadcast nor aggregated. X's own state (SCAFFOLD's
+controls, a server optimiser's moments) is left as X made it. ``Ls`` starts at the largest float32, so the gate
+opens in round 1 for every finite ``tau``; ``tau = -inf`` never opens it (FedWalk is then X exactly) and
+``tau = +inf`` always does. Decisions on the paper's open points are in docs/reproductions/fedwalk.md.
+
+References:
+  Zhai et al., "The Dog Walking Theory: Rethinking Convergence in Federated Learning", Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_lab.engine.randomness import Purpose
+from fedjax_lab.engine.types import Algorithm, Arrays, Params, ServerState
+from fedjax_lab.engine.variables import merge_variables, split_variables
+from fedjax_lab.models.tasks import Classifier, masked_mean
+
+UNMEASURED_LEASH_LOSS = float(np.finfo(np.float32).max)
+"""``Ls`` before the first leash update: larger than any finite ``2^-tau Lc``, so the gate opens in round 1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeashTask:
+    """The server's public task: the classifier's features, a leash head of ``num_classes`` outputs, and
+    softmax cross-entropy on the leash labels."""
+
+    classifier: Classifier
+    num_classes: int
+
+    @property
+    def head_module(self) -> nn.Module:
+        return nn.Dense(self.num_classes, name="leash_head")
+
+    def init_head(self, key: jax.Array, variables: Params) -> Params:
+        """Fresh leash-head parameters sized for the model's features."""
+        dummy = jnp.zeros((1,) + tuple(self.classifier.input_shape), self.classifier.input_dtype)
+        features = jax.eval_shape(lambda v: self.classifier.features(v, self.classifier.preprocess(dummy)), variables)
+        return self.head_module.init(key, jnp.zeros((1, int(np.prod(features.shape[1:])))))
+
+    def logits(self, head: Params, features: jax.Array) -> jax.Array:
+        return self.head_module.apply(head, features.reshape(features.shape[0], -1))
+
+    def loss(self, variables: Params, head: Params, batch: Arrays, key: jax.Array):
+        """``(F(W; batch), model_state)``: training-mode cross-entropy of the leash head on the model's features."""
+        (_, features, _), model_state = self.classifier.apply_train(variables, batch, key, with_features=True)
+        losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(head, features), batch["y"])
+        return masked_mean(losses, batch["mask"]), model_state
+
+    def evaluate(self, variables: Params, head: Params, arrays: Arrays, key: jax.Array, num_examples: int,
+                 chunk: int = 512) -> jax.Array:
+        """``Ls``: the evaluation-mode leash loss on ``num_examples`` leash examples drawn without replacement
+        (the whole leash set when it has fewer), in chunks of ``chunk``."""
+        total = arrays["y"].shape[0]
+        size = min(num_examples, total)
+        chunk = min(chunk, size)
+        rows = jax.random.permutation(key, total)[:size]
+        rows = jnp.pad(rows, (0, -size % chunk)).reshape(-1, chunk)
+        mask = (jnp.arange(rows.size) < size).reshape(rows.shape).astype(jnp.float32)
+
+        def chunk_loss(args):
+            ids, m = args
+            features = self.classifier.features(variables, self.classifier.preprocess(arrays["x"][ids]))
+            losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(head, features), arrays["y"][ids])
+            return jnp.sum(losses * m)
+
+        return jnp.sum(jax.lax.map(chunk_loss, (rows, mask))) / size
+
+
+def leash_steps(leash: LeashTask, variables: Params, head: Params, arrays: Arrays, key: jax.Array,
+                optimizer: optax.GradientTransformation, num_steps: int, batch_size: int) -> tuple[Params, Params]:
+    """``num_steps`` optimiser steps on the leash loss (Eq. 6), each on ``batch_size`` leash examples drawn
+    without replacement; trains the model's trainable variables and the leash head together, carries the
+    model state (BatchNorm statistics) the steps produce, and starts the optimiser afresh."""
+    params, model_state = split_variables(variables)
+    total = arrays["y"].shape[0]
+
+    def loss_of(trainable, model_state, batch, step_key):
+        params, head = trainable
+        return leash.loss(merge_variables(params, model_state, variables), head, batch, step_key)
+
+    def step(carry, s):
+        trainable, model_state, opt_state = carry
+        step_key = jax.random.fold_in(key, s)
+        rows = jax.random.choice(step_key, total, (min(batch_size, total),), replace=False)
+        batch = {name: value[rows] for name, value in arrays.items()}
+        batch["mask"] = jnp.ones(rows.shape, jnp.float32)
+        (_, model_state), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable, model_state, batch, step_key)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return (optax.apply_updates(trainable, updates), model_state, opt_state), None
+
+    trainable = (params, head)
+    (trainable, model_state, _), _ = jax.lax.scan(step, (trainable, model_state, optimizer.init(trainable)),
+                                                  jnp.arange(num_steps))
+    return merge_variables(trainable[0], model_state, variables), trainable[1]
+
+
+def gate_is_open(client_loss_ema: jax.Array, leash_loss: jax.Array, tau: float) -> jax.Array:
+    """``log2(Lc / Ls) < tau`` (Eq. 7), written ``Ls > 2^-tau Lc`` so that no log of zero is taken."""
+    return leash_loss > (2.0 ** -tau) * client_loss_ema
+
+
+class FedWalkState(NamedTuple):
+    """The base algorithm's server state, the leash head, ``Lc``, ``Ls`` and the leash steps taken so far."""
+
+    base: ServerState
+    leash_head: Params
+    client_loss_ema: jax.Array
+    leash_loss: jax.Array
+    leash_steps_taken: jax.Array
+
+
+def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, beta: float = 0.9,
+            learning_rate: float = 0.01, momentum: float = 0.0, num_steps: int = 1, batch_size: int = 64,
+            leash_loss_examples: int = 512, client_loss: Literal["final", "train"] = "final") -> Algorithm:
+    """Wraps ``base`` (any algorithm) into "base + FedWalk"; see the module docstring.
+
+    Args:
+      base: the algorithm X whose rounds FedWalk follows.
+      leash: the server's task; its data arrives as ``context.server_arrays`` (``{'x', 'y'}``).
+      head_key: initialises the leash head.
+      tau: the LLR threshold; higher trains the leash more.
+      beta: the momentum of the client-loss EMA (not given in the paper).
+      learning_rate, momentum: the leash optimiser (the paper: SGD with ``gamma = eta``, the clients' rate).
+      num_steps: ``T_s``, leash steps when the gate is open (the paper: 1). batch_size: ``B_s`` (the paper: 64).
+      leash_loss_examples: how many leash examples ``Ls`` is measured on (all of them when there are fewer).
+      client_loss: ``L_k`` is the final local model's loss on a sample of the client's data (``'final'``, Eq. 3;
+        the base's schedule must set ``probe_examples``) or the mean loss of its training steps (``'train'``).
+    """
+    optimizer = optax.sgd(learning_rate, momentum=momentum or None)
+    loss_metric = {"final": "final_loss", "train": "train_loss"}[client_loss]
+
+    def server_init(params):
+        return FedWalkState(base.server_init(params), leash.init_head(head_key, params), jnp.zeros((), jnp.float32),
+                            jnp.full((), UNMEASURED_LEASH_LOSS, jnp.float32), jnp.zeros((), jnp.int32))
+
+    def client_init(server_state):
+        return base.client_init(server_state.base)
+
+    def client_update(server_state, client_state, client, arrays, key):
+        message, client_state, metrics = base.client_update(server_state.base, client_state, client, arrays, key)
+        if loss_metric not in metrics:
+            raise ValueError(f"FedWalk with client_loss={client_loss!r} needs the clients to report {loss_metric!r}; "
+                             "build the base algorithm with LocalSchedule(probe_examples=...)")
+        return (message, metrics[loss_metric]), client_state, metrics
+
+    def server_update(server_state, messages, cohort, context):
+        base_messages, client_losses = messages
+        base_state, metrics = base.server_update(server_state.base, base_messages, cohort, context)
+        ema = beta * server_state.client_loss_ema + (1.0 - beta) * jnp.mean(client_losses)
+        is_open = gate_is_open(ema, server_state.leash_loss, tau)
+        key = jax.random.fold_in(context.key, Purpose.LEASH)
+
+        def walk(operand):
+            variables, head, _ = operand
+            variables, head = leash_steps(leash, variables, head, context.server_arrays, jax.random.fold_in(key, 0),
+                                          optimizer, num_steps, batch_size)
+            measured = leash.evaluate(variables, head, context.server_arrays, jax.random.fold_in(key, 1),
+                                      leash_loss_examples)
+            return variables, head, measured
+
+        variables, head, leash_loss = jax.lax.cond(
+            is_open, walk, lambda operand: operand,
+            (base.model_params(base_state), server_state.leash_head, server_state.leash_loss))
+        taken = server_state.leash_steps_taken + jnp.where(is_open, num_steps, 0)
+        state = FedWalkState(base.set_model_params(base_state, variables), head, ema, leash_loss, taken)
+        return state, {**metrics, "leash_open": is_open.astype(jnp.float32), "client_loss_ema": ema,
+                       "leash_loss": leash_loss, "log_loss_ratio": jnp.log2(jnp.maximum(ema, 1e-30) / leash_loss),
+                       "leash_steps_taken": taken.astype(jnp.float32)}
+
+    def set_model_params(server_state, params):
+        return server_state._replace(base=base.set_model_params(server_state.base, params))
+
+    return Algorithm(server_init, client_init, client_update, server_update,
+                     lambda server_state: base.model_params(server_state.base), set_model_params)
+
+
+def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,
+                      num_steps: int, learning_rate: float, momentum: float = 0.0, batch_size: int = 64) -> Params:
+    """The ablation's "pre-training" (Fig. 4): ``num_steps`` leash steps on the initial model before FL, which
+    then runs without a leash; returns the model (the leash head is dropped)."""
+    head = leash.init_head(head_key, variables)
+    optimizer = optax.sgd(learning_rate, momentum=momentum or None)
+    return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)[0]
