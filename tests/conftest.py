@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import optax
 import pytest
@@ -54,3 +55,20 @@ def tiny_run(tiny_data, tiny_classifier):
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
     close = jax.tree.map(lambda x, y: bool(jnp.allclose(x, y, rtol=rtol, atol=atol)), a, b)
     assert all(jax.tree.leaves(close)), jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)
+
+
+@pytest.fixture(scope="session")
+def image_root(tmp_path_factory):
+    """A 3-class image-folder dataset of 16x16 RGB images: 30 train and 9 test per class."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.RandomState(0)
+    for split, n in (("train", 30), ("test", 9)):
+        for k, name in enumerate(("red", "green", "blue")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                image = rng.randint(0, 80, (16, 16, 3)).astype(np.uint8)
+                image[..., k] += 150
+                Image.fromarray(image).save(root / split / name / f"{i}.png")
+    return root

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fedjax_lab.data.sources import default_data_dir
 from fedjax_lab.experiments import ConfigError, validate
@@ -10,21 +9,6 @@ from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.runner import run_experiment
 
 HAVE_MNIST = (default_data_dir() / "mnist" / "mnist.npz").is_file()
-
-
-@pytest.fixture(scope="module")
-def image_root(tmp_path_factory):
-    """A 3-class image-folder dataset of 16x16 RGB images: 30 train and 9 test per class."""
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.RandomState(0)
-    for split, n in (("train", 30), ("test", 9)):
-        for k, name in enumerate(("red", "green", "blue")):
-            (root / split / name).mkdir(parents=True)
-            for i in range(n):
-                image = rng.randint(0, 80, (16, 16, 3)).astype(np.uint8)
-                image[..., k] += 150
-                Image.fromarray(image).save(root / split / name / f"{i}.png")
-    return root
 
 
 def _config(image_root, **sections):

@@ -201,7 +201,7 @@ def build_pretraining(config: Config, classifier: models.Classifier, dataset: Fe
     def prepare(params, inputs: RoundInputs):
         key = jax.random.fold_in(jax.random.fold_in(randomness.init_key(inputs.key), randomness.Purpose.LEASH), 1)
         return pretrain_on_leash(leash, params, leash_head_key(config.seed), inputs.server_arrays, key, steps, rate,
-                                 walk.momentum, walk.batch_size)
+                                 walk.momentum, walk.batch_size)[0]
 
     return prepare
 

@@ -194,9 +194,10 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
 
 
 def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,
-                      num_steps: int, learning_rate: float, momentum: float = 0.0, batch_size: int = 64) -> Params:
+                      num_steps: int, learning_rate: float, momentum: float = 0.0,
+                      batch_size: int = 64) -> tuple[Params, Params]:
     """The ablation's "pre-training" (Fig. 4): ``num_steps`` leash steps on the initial model before FL, which
-    then runs without a leash; returns the model (the leash head is dropped)."""
+    then runs without a leash; returns the model and the leash head (which FL does not use)."""
     head = leash.init_head(head_key, variables)
     optimizer = optax.sgd(learning_rate, momentum=momentum or None)
-    return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)[0]
+    return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)
