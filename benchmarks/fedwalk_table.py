@@ -56,12 +56,12 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> dict:
 
 
 def table_jobs(seeds):
-    for setting in SETTINGS:
+    for setting, config_file in SETTINGS.items():
         for seed in seeds:
             for base, extra in BASES.items():
                 for walk in (False, True):
                     method = f"{base}+fedwalk" if walk else base
-                    yield (f"table/{setting}/{method}/seed{seed}", SETTINGS[setting],
+                    yield (f"table/{setting}/{method}/seed{seed}", config_file,
                            [f"algorithm.name={base}", f"seed={seed}", *extra]
                            + ([] if walk else ["algorithm.fedwalk=null"]))
 
@@ -79,10 +79,10 @@ def mean_std(values) -> str:
 
 def write_report(results: dict, args) -> None:
     out = Path(args.out)
-    lines = [f"Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
-             f"round (the paper reports the best), mean ± std over the seeds that have finished; the paper's "
-             f"Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
-             f"`python benchmarks/fedwalk_table.py`.", "",
+    lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
+              "round (the paper reports the best), mean ± std over the seeds that have finished; the paper's "
+              "Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
+              "`python benchmarks/fedwalk_table.py`."), "",
              "| method | seeds | Dir(0.1) final | Dir(0.1) best | paper Dir(0.1) | IID final | IID best | paper IID |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for base in BASES:
@@ -95,8 +95,8 @@ def write_report(results: dict, args) -> None:
                 cells += [mean_std([r["summary"]["final"]["test_accuracy"] for _, r in done]),
                           mean_std([r["summary"]["best_test_accuracy"] for _, r in done]), f"{PAPER[method][i]:.2f}"]
             lines.append(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
-    lines += ["", "Tau sweep and pre-training (Dir(0.1), seed 0): final / best test accuracy (%) and the leash "
-              "steps taken in 50 rounds.", "", "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS)
+    lines += ["", ("Tau sweep and pre-training (Dir(0.1), seed 0): final / best test accuracy (%) and the leash "
+                   "steps taken in 50 rounds."), "", "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS)
               + " | pre-training |", "|---|" + "---:|" * (len(TAUS) + 1)]
     for grade in GRADES:
         cells = []

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 

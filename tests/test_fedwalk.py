@@ -79,7 +79,7 @@ def test_open_gate_takes_the_leash_steps_after_the_base_aggregation(tiny_data, t
     leash, inputs = leash_setup
     base = _bases(tiny_classifier, PROBED, tiny_data.num_clients)["fedavg"]
     walked = _walk(base, leash, tau=jnp.inf, num_steps=3, batch_size=8)
-    state, metrics = _run(walked, tiny_classifier, tiny_data, inputs, rounds=3)
+    _, metrics = _run(walked, tiny_classifier, tiny_data, inputs, rounds=3)
     assert np.array_equal(np.asarray(metrics["leash_open"]), [1, 1, 1])
     assert np.array_equal(np.asarray(metrics["leash_steps_taken"]), [3, 6, 9])
 

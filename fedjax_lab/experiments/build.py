@@ -32,9 +32,9 @@ from fedjax_lab.methods.feddecorr import feddecorr
 from fedjax_lab.methods.feddyn import feddyn
 from fedjax_lab.methods.fedexp import fedexp
 from fedjax_lab.methods.fednova import fednova
-from fedjax_lab.methods.fedwalk import LeashTask, fedwalk, pretrain_on_leash
 from fedjax_lab.methods.fedprox import fedprox
 from fedjax_lab.methods.fedsam import fedsam
+from fedjax_lab.methods.fedwalk import LeashTask, fedwalk, pretrain_on_leash
 from fedjax_lab.methods.moon import moon
 from fedjax_lab.methods.scaffold import scaffold
 from fedjax_lab.models import augment
