@@ -172,7 +172,9 @@ def leash_task(classifier: models.Classifier, dataset: FederatedDataset) -> Leas
     return LeashTask(classifier, int(dataset.server["y"].max()) + 1)
 
 
-def leash_head_key(seed: int) -> jax.Array:
+def leash_key(seed: int) -> jax.Array:
+    """The key of FedWalk's set-up outside the rounds: it initialises the leash head, and ``fold_in(key, 1)``
+    draws the pre-training batches."""
     return jax.random.fold_in(randomness.init_key(randomness.base_key(seed)), randomness.Purpose.LEASH)
 
 
@@ -182,7 +184,7 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
     walk = config.algorithm.fedwalk
     if walk is None or walk.mode != "leash":
         return algorithm
-    return fedwalk(algorithm, leash_task(classifier, dataset), leash_head_key(config.seed), walk.tau, walk.beta,
+    return fedwalk(algorithm, leash_task(classifier, dataset), leash_key(config.seed), walk.tau, walk.beta,
                    walk.learning_rate or config.client.learning_rate, walk.momentum, walk.steps, walk.batch_size,
                    walk.leash_loss_examples, walk.client_loss)
 
@@ -199,9 +201,9 @@ def build_pretraining(config: Config, classifier: models.Classifier, dataset: Fe
 
     @jax.jit
     def prepare(params, inputs: RoundInputs):
-        key = jax.random.fold_in(jax.random.fold_in(randomness.init_key(inputs.key), randomness.Purpose.LEASH), 1)
-        return pretrain_on_leash(leash, params, leash_head_key(config.seed), inputs.server_arrays, key, steps, rate,
-                                 walk.momentum, walk.batch_size)[0]
+        return pretrain_on_leash(leash, params, leash_key(config.seed), inputs.server_arrays,
+                                 jax.random.fold_in(leash_key(config.seed), 1), steps, rate, walk.momentum,
+                                 walk.batch_size)[0]
 
     return prepare
 

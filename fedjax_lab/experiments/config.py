@@ -227,6 +227,12 @@ class FedWalkConfig(Section):
     pretrain_steps: PositiveInt | None = Field(None, description="pretrain: leash steps before FL; "
                                                                  "default rounds.num_rounds * steps")
 
+    @model_validator(mode="after")
+    def _tau_is_a_number(self):
+        if self.tau != self.tau:
+            raise ValueError("algorithm.fedwalk.tau must be a number (.inf and -.inf are allowed), got nan")
+        return self
+
 
 class RoundsConfig(Section):
     num_rounds: PositiveInt = 100
