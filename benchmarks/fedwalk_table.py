@@ -3,6 +3,7 @@ CIFAR-10 Dirichlet(0.1) and "IID" Dirichlet(10), several seeds), the tau sweep o
 leashes, and the pre-training ablation of Fig. 4. Writes ``docs/reproductions/fedwalk_results.md`` and
 ``docs/reproductions/fedwalk_tau.png`` after every run, so that an interrupted job leaves usable tables.
 
+Also FedAvg and FedWalk from a model pre-trained on the leash (the paper starts from ImageNet weights).
 The scale is that of ``configs/fedwalk/cifar10_dir0.1.yaml`` (simple-CNN, 100 clients, 20 per round, 5 steps of
 batch 32, lr 0.05, 50 rounds). Finished runs are reused; run it again to continue.
 
@@ -44,8 +45,8 @@ PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
     "fednova+fedwalk": (91.89, 95.82)}
 
 
-def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> dict:
-    """Runs (or reuses) one experiment; returns its summary plus its metrics rows."""
+def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
+    """Runs one experiment unless it has finished before, and prints its result."""
     run_dir = runs / name
     start = time.perf_counter()
     if not (run_dir / "summary.json").is_file():
@@ -55,7 +56,6 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> dict:
     rows = read_metrics(run_dir)
     print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
           f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return {"summary": summary, "rows": rows}
 
 
 def table_jobs(seeds):
@@ -78,6 +78,28 @@ def sweep_jobs(grades):
             for steps in STRONGER:
                 yield f"steps/{grade}/steps{steps}", GRADES[grade], ["algorithm.fedwalk.tau=1",
                                                                      f"algorithm.fedwalk.steps={steps}"]
+
+
+PRETRAINED_STEPS = 2000  # about 13 epochs of the 10,000-image LH leash set
+
+
+def pretrained_jobs(seeds):
+    """FedAvg and FedWalk (LH) from a model pre-trained on the leash, standing in for the paper's ImageNet start."""
+    for seed in seeds:
+        yield (f"pretrained/fedavg/seed{seed}", GRADES["LH"],
+               [f"seed={seed}", "algorithm.fedwalk.mode=pretrain", f"algorithm.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
+        yield (f"pretrained/fedavg+fedwalk/seed{seed}", GRADES["LH"],
+               [f"seed={seed}", f"algorithm.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
+
+
+def finished(runs: Path, jobs) -> dict:
+    """The finished runs among ``jobs`` (whoever ran them)."""
+    out = {}
+    for name, _, _ in jobs:
+        if (runs / name / "summary.json").is_file():
+            out[name] = {"summary": json.loads((runs / name / "summary.json").read_text()),
+                         "rows": read_metrics(runs / name)}
+    return out
 
 
 def mean_std(values) -> str:
@@ -116,13 +138,23 @@ def write_report(results: dict, args) -> None:
         lines.append(f"| {grade} | " + " | ".join(cells) + " |")
     stronger = [(n, results[k]) for n in STRONGER if (k := f"steps/LH/steps{n}") in results]
     if stronger:
-        lines += ["", "A stronger leash (LH, tau = 1, so the gate is always open): leash steps per round against "
-                  "final / best test accuracy (%), seed 0.", "", "| leash steps per round | final | best |",
+        lines += ["", ("A stronger leash (LH, tau = 1, so the gate is always open): leash steps per round against "
+                  "final / best test accuracy (%), seed 0."), "", "| leash steps per round | final | best |",
                   "|---:|---:|---:|"]
         lh = results.get("sweep/LH/tau1")
         for n, r in ([(1, lh)] if lh else []) + stronger:
             lines.append(f"| {n} | {100 * r['summary']['final']['test_accuracy']:.1f} | "
                          f"{100 * r['summary']['best_test_accuracy']:.1f} |")
+    pre = {m: [results[k]["summary"] for s in args.seeds if (k := f"pretrained/{m}/seed{s}") in results]
+           for m in ("fedavg", "fedavg+fedwalk")}
+    if any(pre.values()):
+        lines += ["", (f"From a model pre-trained on the LH leash ({PRETRAINED_STEPS} leash steps before round 0; the "
+                  "paper starts from ImageNet weights), Dir(0.1): final / best test accuracy (%), mean ± std over "
+                  "seeds."), "", "| method | seeds | final | best |", "|---|---:|---:|---:|"]
+        for m, summaries in pre.items():
+            lines.append(f"| pre-trained + {m} | {len(summaries)} | "
+                         f"{mean_std([x['final']['test_accuracy'] for x in summaries])} | "
+                         f"{mean_std([x['best_test_accuracy'] for x in summaries])} |")
     (out / "fedwalk_results.md").write_text("\n".join(lines) + "\n")
     plot_sweep(results, out / "fedwalk_tau.png")
 
@@ -154,23 +186,29 @@ def plot_sweep(results: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["table", "sweep"], choices=["table", "sweep"])
+    ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
+                    choices=["table", "sweep", "pretrained"])
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--runs", default="runs/fedwalk")
     ap.add_argument("--out", default=str(REPO / "docs" / "reproductions"))
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    everything = list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
+    if args.report_only:
+        write_report(finished(Path(args.runs), everything), args)
+        return
     table = list(table_jobs(args.seeds)) if "table" in args.parts else []
     sweep = list(sweep_jobs(GRADES)) if "sweep" in args.parts else []
+    pretrained = list(pretrained_jobs(args.seeds)) if "pretrained" in args.parts else []
     # Seed 0 of the table and the whole sweep first, then the other seeds: an interrupted job still leaves a
     # first look at every figure.
     first = [j for j in table if j[0].endswith("seed0")]
     jobs = first[:len(first) // 2] + [j for j in sweep if "/LH" in j[0]] + first[len(first) // 2:] + \
-        [j for j in sweep if "/LH" not in j[0]] + [j for j in table if j not in first]
-    results = {}
+        [j for j in sweep if "/LH" not in j[0]] + pretrained + [j for j in table if j not in first]
     for name, config_file, overrides in jobs:
-        results[name] = run(Path(args.runs), name, config_file, overrides)
-        write_report(results, args)
+        run(Path(args.runs), name, config_file, overrides)
+        write_report(finished(Path(args.runs), everything), args)
 
 
 if __name__ == "__main__":

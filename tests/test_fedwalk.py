@@ -211,6 +211,17 @@ def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, tmp_path, algo
         assert rows[1]["leash_open"] == 1.0 and rows[-1]["leash_steps_taken"] == 2.0 * rows[-1]["round"]
 
 
+def test_pretrained_fedwalk_starts_from_the_pretrained_model_and_leash_head(image_root):
+    scratch = build_experiment(validate(_image_config(image_root, fedwalk={}))).initial_state()
+    experiment = build_experiment(validate(_image_config(image_root, fedwalk={"pretrain_steps": 5})))
+    state = experiment.initial_state()
+    params, head = experiment.prepare(experiment.classifier.init(randomness.init_key(experiment.inputs.key)),
+                                      experiment.inputs)
+    assert_trees_close(state.server_state.base.params, params, rtol=0, atol=0)
+    assert_trees_close(state.server_state.leash_head, head, rtol=0, atol=0)
+    assert not np.allclose(jax.tree.leaves(head)[0], jax.tree.leaves(scratch.server_state.leash_head)[0])
+
+
 def test_a_config_extends_another_and_overrides_only_what_it_names(tmp_path):
     (tmp_path / "base.yaml").write_text(
         "dataset: {name: gaussian_mixture, num_clients: 8}\nmodel: {name: mlp, hidden: [4]}\n"

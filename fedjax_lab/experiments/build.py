@@ -34,7 +34,7 @@ from fedjax_lab.methods.fedexp import fedexp
 from fedjax_lab.methods.fednova import fednova
 from fedjax_lab.methods.fedprox import fedprox
 from fedjax_lab.methods.fedsam import fedsam
-from fedjax_lab.methods.fedwalk import LeashTask, fedwalk, pretrain_on_leash
+from fedjax_lab.methods.fedwalk import FedWalkState, LeashTask, fedwalk, pretrain_on_leash
 from fedjax_lab.methods.moon import moon
 from fedjax_lab.methods.scaffold import scaffold
 from fedjax_lab.models import augment
@@ -190,10 +190,10 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
 
 
 def build_pretraining(config: Config, classifier: models.Classifier, dataset: FederatedDataset):
-    """``prepare(params, inputs) -> params`` for FedWalk's pre-training ablation (leash steps before FL), or
-    ``None``."""
+    """``prepare(params, inputs) -> (params, leash_head)``: leash steps before FL (FedWalk's pre-training ablation,
+    or a pre-trained start for FedWalk itself), or ``None`` when the config asks for none."""
     walk = config.algorithm.fedwalk
-    if walk is None or walk.mode != "pretrain":
+    if walk is None or (walk.mode == "leash" and walk.pretrain_steps is None):
         return None
     leash = leash_task(classifier, dataset)
     steps = walk.pretrain_steps or config.rounds.num_rounds * walk.steps
@@ -203,7 +203,7 @@ def build_pretraining(config: Config, classifier: models.Classifier, dataset: Fe
     def prepare(params, inputs: RoundInputs):
         return pretrain_on_leash(leash, params, leash_key(config.seed), inputs.server_arrays,
                                  jax.random.fold_in(leash_key(config.seed), 1), steps, rate, walk.momentum,
-                                 walk.batch_size)[0]
+                                 walk.batch_size)
 
     return prepare
 
@@ -257,9 +257,13 @@ class Experiment:
         """The loop state before round 0; the model is initialised from the run's seed (and pre-trained on the
         leash, for FedWalk's pre-training ablation)."""
         params = self.classifier.init(randomness.init_key(self.inputs.key))
-        if self.prepare is not None:
-            params = self.prepare(params, self.inputs)
-        return init_loop_state(self.algorithm, params, self.dataset.num_clients)
+        if self.prepare is None:
+            return init_loop_state(self.algorithm, params, self.dataset.num_clients)
+        params, leash_head = self.prepare(params, self.inputs)
+        state = init_loop_state(self.algorithm, params, self.dataset.num_clients)
+        if isinstance(state.server_state, FedWalkState):  # FedWalk goes on with the pre-trained leash head
+            state = state._replace(server_state=state.server_state._replace(leash_head=leash_head))
+        return state
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, when configured) of the global model."""

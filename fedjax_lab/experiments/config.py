@@ -212,7 +212,7 @@ class FedWalkConfig(Section):
     ``dataset.server_data``."""
 
     mode: Literal["leash", "pretrain"] = Field("leash", description="pretrain: the ablation's leash training "
-                                                                    "before FL, then no leash")
+                                                                    "before FL, then no leash during FL")
     tau: float = Field(0.5, description="LLR threshold: the leash trains while log2(Lc/Ls) < tau (-.inf: never)")
     beta: float = Field(0.9, ge=0, lt=1, description="momentum of the client-loss EMA Lc")
     steps: PositiveInt = Field(1, description="T_s: leash SGD steps when the gate opens")
@@ -224,8 +224,10 @@ class FedWalkConfig(Section):
                              "or the mean loss of its training steps")
     client_loss_examples: PositiveInt = Field(256, description="sample size of L_k (all, for smaller clients)")
     leash_loss_examples: PositiveInt = Field(512, description="sample size of Ls (all, for a smaller leash set)")
-    pretrain_steps: PositiveInt | None = Field(None, description="pretrain: leash steps before FL; "
-                                                                 "default rounds.num_rounds * steps")
+    pretrain_steps: PositiveInt | None = Field(None, description="leash steps before FL. mode pretrain: default "
+                                                                 "rounds.num_rounds * steps; mode leash: default "
+                                                                 "none, else FedWalk starts from the pre-trained "
+                                                                 "model and leash head")
 
     @model_validator(mode="after")
     def _tau_is_a_number(self):
