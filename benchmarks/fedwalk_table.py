@@ -11,6 +11,7 @@ Usage::
 
     python benchmarks/fedwalk_table.py                       # everything, about 70 min on 2 cores
     python benchmarks/fedwalk_table.py --parts table --seeds 0
+    python benchmarks/fedwalk_table.py --reverse &           # a second process shares the jobs (more throughput)
 """
 
 from __future__ import annotations
@@ -50,8 +51,16 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     run_dir = runs / name
     start = time.perf_counter()
     if not (run_dir / "summary.json").is_file():
+        claim = runs / ".claims" / name.replace("/", "__")
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        try:  # several copies of this script may share the work; each run goes to the first that claims it
+            claim.open("x").close()
+        except FileExistsError:
+            print(f"{name:<40} claimed by another process ({claim}); skipped", flush=True)
+            return
         config = load_config(CONFIGS / config_file, overrides)
         run_experiment(config, run_dir, overwrite=True, progress=False)
+        claim.unlink()
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = read_metrics(run_dir)
     print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
@@ -189,6 +198,7 @@ def main(argv=None) -> None:
     ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
                     choices=["table", "sweep", "pretrained"])
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
+    ap.add_argument("--reverse", action="store_true", help="take the jobs last first (for a second process)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--runs", default="runs/fedwalk")
     ap.add_argument("--out", default=str(REPO / "docs" / "reproductions"))
@@ -206,7 +216,7 @@ def main(argv=None) -> None:
     first = [j for j in table if j[0].endswith("seed0")]
     jobs = first[:len(first) // 2] + [j for j in sweep if "/LH" in j[0]] + first[len(first) // 2:] + \
         [j for j in sweep if "/LH" not in j[0]] + pretrained + [j for j in table if j not in first]
-    for name, config_file, overrides in jobs:
+    for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
         run(Path(args.runs), name, config_file, overrides)
         write_report(finished(Path(args.runs), everything), args)
 
