@@ -40,6 +40,11 @@ GRADES = {"LH": "cifar10_dir0.1.yaml", "MH": "cifar10_dir0.1_mh.yaml", "HH": "ci
 # and every tau >= -1 keeps the gate open in every round; the grid covers where the gate acts, plus tau = 1.
 TAUS = (-3.0, -2.5, -2.0, -1.5, -1.0, 1.0)
 STRONGER = (5, 20)  # leash steps per open round for the LH leash at tau = 1 (the paper: 1)
+# With T_s = 1 the leash barely moves the model at this scale (the LH sweep above is flat), so the sweep over the
+# three grades runs with 20 leash steps per open round, where the leash's effect is measurable; pre-training
+# gets the same budget (50 rounds x 20 steps).
+STRONG_STEPS = 20
+STRONG_TAUS = (-2.0, -1.0, 0.0, 1.0, 3.0)
 PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
     "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48), "fednova": (86.32, 95.46),
     "fedavg+fedwalk": (91.45, 95.88), "scaffold+fedwalk": (86.48, 96.58), "fedprox+fedwalk": (91.41, 95.82),
@@ -78,15 +83,23 @@ def table_jobs(seeds):
                            + ([] if walk else ["algorithm.fedwalk=null"]))
 
 
+def strong_sweep_key(grade: str, tau: float) -> str:
+    # LH at tau = 1 is the same run as the T_s = 20 point of the leash-strength series.
+    return f"steps/LH/steps{STRONG_STEPS}" if (grade, tau) == ("LH", 1.0) else f"sweep{STRONG_STEPS}/{grade}/tau{tau:g}"
+
+
 def sweep_jobs(grades):
+    for tau in TAUS:
+        yield f"sweep/LH/tau{tau:g}", GRADES["LH"], [f"algorithm.fedwalk.tau={tau}"]
+    yield "pretrain/LH", GRADES["LH"], ["algorithm.fedwalk.mode=pretrain"]
+    for steps in STRONGER:
+        yield f"steps/LH/steps{steps}", GRADES["LH"], ["algorithm.fedwalk.tau=1", f"algorithm.fedwalk.steps={steps}"]
     for grade in grades:
-        for tau in TAUS:
-            yield f"sweep/{grade}/tau{tau:g}", GRADES[grade], [f"algorithm.fedwalk.tau={tau}"]
-        yield f"pretrain/{grade}", GRADES[grade], ["algorithm.fedwalk.mode=pretrain"]
-        if grade == "LH":
-            for steps in STRONGER:
-                yield f"steps/{grade}/steps{steps}", GRADES[grade], ["algorithm.fedwalk.tau=1",
-                                                                     f"algorithm.fedwalk.steps={steps}"]
+        for tau in STRONG_TAUS:
+            yield (strong_sweep_key(grade, tau), GRADES[grade],
+                   [f"algorithm.fedwalk.tau={tau}", f"algorithm.fedwalk.steps={STRONG_STEPS}"])
+        yield (f"pretrain{STRONG_STEPS}/{grade}", GRADES[grade],
+               ["algorithm.fedwalk.mode=pretrain", f"algorithm.fedwalk.pretrain_steps={50 * STRONG_STEPS}"])
 
 
 PRETRAINED_STEPS = 2000  # about 13 epochs of the 10,000-image LH leash set
@@ -133,18 +146,17 @@ def write_report(results: dict, args) -> None:
                 cells += [mean_std([r["summary"]["final"]["test_accuracy"] for _, r in done]),
                           mean_std([r["summary"]["best_test_accuracy"] for _, r in done]), f"{PAPER[method][i]:.2f}"]
             lines.append(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
-    lines += ["", ("Tau sweep and pre-training (Dir(0.1), seed 0): final / best test accuracy (%) and the leash "
-                   "steps taken in 50 rounds."), "", "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS)
-              + " | pre-training |", "|---|" + "---:|" * (len(TAUS) + 1)]
-    for grade in GRADES:
-        cells = []
-        for key in [f"sweep/{grade}/tau{t:g}" for t in TAUS] + [f"pretrain/{grade}"]:
-            r = results.get(key)
-            cells.append("–" if r is None else
-                         f"{100 * r['summary']['final']['test_accuracy']:.1f} / "
-                         f"{100 * r['summary']['best_test_accuracy']:.1f} "
-                         f"({r['rows'][-1].get('leash_steps_taken', 0):.0f})")
-        lines.append(f"| {grade} | " + " | ".join(cells) + " |")
+    def cell(r):
+        return "–" if r is None else (f"{100 * r['summary']['final']['test_accuracy']:.1f} / "
+                                      f"{100 * r['summary']['best_test_accuracy']:.1f} "
+                                      f"({r['rows'][-1].get('leash_steps_taken', 0):.0f})")
+
+    lines += ["", ("The paper's leash (T_s = 1), LH, Dir(0.1), seed 0: final / best test accuracy (%) and (leash "
+                   "steps taken in 50 rounds); pre-training takes 50 leash steps before FL."), "",
+              "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS) + " | pre-training |",
+              "|---|" + "---:|" * (len(TAUS) + 1),
+              "| LH | " + " | ".join(cell(results.get(f"sweep/LH/tau{t:g}")) for t in TAUS)
+              + f" | {cell(results.get('pretrain/LH'))} |"]
     stronger = [(n, results[k]) for n in STRONGER if (k := f"steps/LH/steps{n}") in results]
     if stronger:
         lines += ["", ("A stronger leash (LH, tau = 1, so the gate is always open): leash steps per round against "
@@ -154,6 +166,14 @@ def write_report(results: dict, args) -> None:
         for n, r in ([(1, lh)] if lh else []) + stronger:
             lines.append(f"| {n} | {100 * r['summary']['final']['test_accuracy']:.1f} | "
                          f"{100 * r['summary']['best_test_accuracy']:.1f} |")
+    lines += ["", (f"Tau sweep with {STRONG_STEPS} leash steps per open round, the three grades, Dir(0.1), seed 0: "
+                   f"final / best (%) and (leash steps taken); pre-training takes {50 * STRONG_STEPS} leash steps "
+                   "before FL. FedAvg alone: see the table."), "",
+              "| leash | " + " | ".join(f"tau={t:g}" for t in STRONG_TAUS) + " | pre-training |",
+              "|---|" + "---:|" * (len(STRONG_TAUS) + 1)]
+    for grade in GRADES:
+        lines.append(f"| {grade} | " + " | ".join(cell(results.get(strong_sweep_key(grade, t))) for t in STRONG_TAUS)
+                     + f" | {cell(results.get(f'pretrain{STRONG_STEPS}/{grade}'))} |")
     pre = {m: [results[k]["summary"] for s in args.seeds if (k := f"pretrained/{m}/seed{s}") in results]
            for m in ("fedavg", "fedavg+fedwalk")}
     if any(pre.values()):
@@ -174,20 +194,23 @@ def plot_sweep(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for grade in GRADES:
-        points = [(t, results[k]["summary"]["best_test_accuracy"]) for t in TAUS
-                  if (k := f"sweep/{grade}/tau{t:g}") in results]
-        if points:
-            ax.plot(*zip(*points), marker="o", label=f"FedWalk ({grade})")
-    fedavg = [results[k]["summary"]["best_test_accuracy"] for k in ["table/dir0.1/fedavg/seed0"] if k in results]
-    if fedavg:
-        ax.axhline(fedavg[0], color="gray", linestyle="--", label="FedAvg")
-    ax.set_xlabel("tau")
-    ax.set_ylabel("best test accuracy")
-    ax.set_title("CIFAR-10 Dir(0.1), seed 0")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    series = [(axes[0], "T_s = 1 (the paper's)", [("LH", [(t, f"sweep/LH/tau{t:g}") for t in TAUS])]),
+              (axes[1], f"T_s = {STRONG_STEPS}", [(g, [(t, strong_sweep_key(g, t)) for t in STRONG_TAUS])
+                                                  for g in GRADES])]
+    fedavg = results.get("table/dir0.1/fedavg/seed0")
+    for ax, title, lines in series:
+        for grade, points in lines:
+            xy = [(t, results[k]["summary"]["best_test_accuracy"]) for t, k in points if k in results]
+            if xy:
+                ax.plot(*zip(*xy), marker="o", label=f"FedWalk ({grade})")
+        if fedavg:
+            ax.axhline(fedavg["summary"]["best_test_accuracy"], color="gray", linestyle="--", label="FedAvg")
+        ax.set_xlabel("tau")
+        ax.set_title(f"CIFAR-10 Dir(0.1), seed 0, {title}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("best test accuracy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -211,11 +234,10 @@ def main(argv=None) -> None:
     table = list(table_jobs(args.seeds)) if "table" in args.parts else []
     sweep = list(sweep_jobs(GRADES)) if "sweep" in args.parts else []
     pretrained = list(pretrained_jobs(args.seeds)) if "pretrained" in args.parts else []
-    # Seed 0 of the table and the whole sweep first, then the other seeds: an interrupted job still leaves a
-    # first look at every figure.
+    # Seed 0 of the table and the sweeps first, then the other seeds: an interrupted job still leaves a first
+    # look at every figure.
     first = [j for j in table if j[0].endswith("seed0")]
-    jobs = first[:len(first) // 2] + [j for j in sweep if "/LH" in j[0]] + first[len(first) // 2:] + \
-        [j for j in sweep if "/LH" not in j[0]] + pretrained + [j for j in table if j not in first]
+    jobs = first + sweep + pretrained + [j for j in table if j not in first]
     for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
         run(Path(args.runs), name, config_file, overrides)
         write_report(finished(Path(args.runs), everything), args)
