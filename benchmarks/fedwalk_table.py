@@ -12,6 +12,7 @@ Usage::
     python benchmarks/fedwalk_table.py                       # everything, about 70 min on 2 cores
     python benchmarks/fedwalk_table.py --parts table --seeds 0
     python benchmarks/fedwalk_table.py --reverse &           # a second process shares the jobs (more throughput)
+    python benchmarks/fedwalk_table.py --parts table100      # the CIFAR-100 columns
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ BASES = {"fedavg": ["algorithm.weighting=uniform"],
          "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
          "fednova": ["algorithm.weighting=num_examples"]}
 SETTINGS = {"dir0.1": "cifar10_dir0.1.yaml", "iid": "cifar10_iid.yaml"}
+SETTINGS100 = {"c100_dir0.01": "cifar100_dir0.01.yaml", "c100_iid": "cifar100_iid.yaml"}
 GRADES = {"LH": "cifar10_dir0.1.yaml", "MH": "cifar10_dir0.1_mh.yaml", "HH": "cifar10_dir0.1_hh.yaml"}
 # Our leash starts from a random head and the model from scratch, so Ls stays near 4x Lc (log ratio about -2)
 # and every tau >= -1 keeps the gate open in every round; the grid covers where the gate acts, plus tau = 1.
@@ -49,6 +51,10 @@ PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
     "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48), "fednova": (86.32, 95.46),
     "fedavg+fedwalk": (91.45, 95.88), "scaffold+fedwalk": (86.48, 96.58), "fedprox+fedwalk": (91.41, 95.82),
     "fednova+fedwalk": (91.89, 95.82)}
+PAPER100 = {  # Table 2, test accuracy (%), CIFAR-100: (Dir(0.01), IID)
+    "fedavg": (58.53, 80.03), "scaffold": (52.66, 78.59), "fedprox": (58.72, 80.13), "fednova": (60.12, 80.11),
+    "fedavg+fedwalk": (61.35, 80.38), "scaffold+fedwalk": (57.04, 82.46), "fedprox+fedwalk": (61.65, 80.84),
+    "fednova+fedwalk": (63.27, 80.84)}
 
 
 def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
@@ -72,8 +78,8 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
           f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
 
 
-def table_jobs(seeds):
-    for setting, config_file in SETTINGS.items():
+def table_jobs(seeds, settings=SETTINGS):
+    for setting, config_file in settings.items():
         for seed in seeds:
             for base, extra in BASES.items():
                 for walk in (False, True):
@@ -128,24 +134,32 @@ def mean_std(values) -> str:
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}" if values else "–"
 
 
+def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str]) -> list[str]:
+    lines = [(f"| method | seeds | {columns[0]} final | {columns[0]} best | paper {columns[0]} | {columns[1]} final | "
+             f"{columns[1]} best | paper {columns[1]} |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for base in BASES:
+        for method in (base, f"{base}+fedwalk"):
+            cells, counts = [], []
+            for i, setting in enumerate(settings):
+                done = [results[k] for s in seeds if (k := f"table/{setting}/{method}/seed{s}") in results]
+                counts.append(str(len(done)))
+                cells += [mean_std([r["summary"]["final"]["test_accuracy"] for r in done]),
+                          mean_std([r["summary"]["best_test_accuracy"] for r in done]), f"{paper[method][i]:.2f}"]
+            lines.append(f"| {method} | {' / '.join(counts)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(results: dict, args) -> None:
     out = Path(args.out)
     lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
               "round (the paper reports the best), mean ± std over the seeds that have finished; the paper's "
               "Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
               "`python benchmarks/fedwalk_table.py`."), "",
-             "| method | seeds | Dir(0.1) final | Dir(0.1) best | paper Dir(0.1) | IID final | IID best | paper IID |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for base in BASES:
-        for method in (base, f"{base}+fedwalk"):
-            cells, seeds = [], set()
-            for i, setting in enumerate(SETTINGS):
-                done = [(s, results[k]) for s in args.seeds
-                        if (k := f"table/{setting}/{method}/seed{s}") in results]
-                seeds.update(s for s, _ in done)
-                cells += [mean_std([r["summary"]["final"]["test_accuracy"] for _, r in done]),
-                          mean_std([r["summary"]["best_test_accuracy"] for _, r in done]), f"{PAPER[method][i]:.2f}"]
-            lines.append(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
+             *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
+    if any(k.startswith("table/c100") for k in results):
+        lines += ["", ("CIFAR-100 (the leash is CIFAR-10's training set), same scale: "
+                       "`python benchmarks/fedwalk_table.py --parts table100`."), "",
+                  *table_lines(results, args.seeds, SETTINGS100, PAPER100, ("Dir(0.01)", "IID"))]
     def cell(r):
         return "–" if r is None else (f"{100 * r['summary']['final']['test_accuracy']:.1f} / "
                                       f"{100 * r['summary']['best_test_accuracy']:.1f} "
@@ -219,7 +233,7 @@ def plot_sweep(results: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
-                    choices=["table", "sweep", "pretrained"])
+                    choices=["table", "sweep", "pretrained", "table100"])
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
     ap.add_argument("--reverse", action="store_true", help="take the jobs last first (for a second process)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -227,7 +241,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(REPO / "docs" / "reproductions"))
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    everything = list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
+    everything = (list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
+                  + list(table_jobs(args.seeds, SETTINGS100)))
     if args.report_only:
         write_report(finished(Path(args.runs), everything), args)
         return
@@ -237,7 +252,8 @@ def main(argv=None) -> None:
     # Seed 0 of the table and the sweeps first, then the other seeds: an interrupted job still leaves a first
     # look at every figure.
     first = [j for j in table if j[0].endswith("seed0")]
-    jobs = first + sweep + pretrained + [j for j in table if j not in first]
+    table100 = list(table_jobs(args.seeds, SETTINGS100)) if "table100" in args.parts else []
+    jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100
     for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
         run(Path(args.runs), name, config_file, overrides)
         write_report(finished(Path(args.runs), everything), args)
