@@ -46,7 +46,7 @@ STRONGER = (5, 20)  # leash steps per open round for the LH leash at tau = 1 (th
 # three grades runs with 20 leash steps per open round, where the leash's effect is measurable; pre-training
 # gets the same budget (50 rounds x 20 steps).
 STRONG_STEPS = 20
-STRONG_TAUS = (-2.0, -1.0, 0.0, 1.0, 3.0)
+STRONG_TAUS = (-3.0, -2.5, -2.0, -1.0, 0.0, 1.0)
 PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
     "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48), "fednova": (86.32, 95.46),
     "fedavg+fedwalk": (91.45, 95.88), "scaffold+fedwalk": (86.48, 96.58), "fedprox+fedwalk": (91.41, 95.82),
