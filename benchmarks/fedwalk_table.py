@@ -9,7 +9,7 @@ batch 32, lr 0.05, 50 rounds). Finished runs are reused; run it again to continu
 
 Usage::
 
-    python benchmarks/fedwalk_table.py                       # everything: 81 runs of 1-4 min, about 2 h on 2 cores
+    python benchmarks/fedwalk_table.py                       # everything: 83 runs of 1-4 min, about 2 h on 2 cores
     python benchmarks/fedwalk_table.py --parts table --seeds 0
     python benchmarks/fedwalk_table.py --reverse &           # a second process shares the jobs (more throughput)
     python benchmarks/fedwalk_table.py --parts table100      # the CIFAR-100 columns
