@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_lab.engine.local_training import gather_batch
 from fedjax_lab.engine.randomness import Purpose
 from fedjax_lab.engine.types import Algorithm, Arrays, Params, ServerState
 from fedjax_lab.engine.variables import merge_variables, split_variables
@@ -101,8 +102,7 @@ def leash_steps(leash: LeashTask, variables: Params, head: Params, arrays: Array
         trainable, model_state, opt_state = carry
         step_key = jax.random.fold_in(key, s)
         rows = jax.random.choice(step_key, total, (min(batch_size, total),), replace=False)
-        batch = {name: value[rows] for name, value in arrays.items()}
-        batch["mask"] = jnp.ones(rows.shape, jnp.float32)
+        batch = gather_batch(arrays, rows, jnp.ones(rows.shape, bool))
         (_, model_state), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable, model_state, batch, step_key)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         return (optax.apply_updates(trainable, updates), model_state, opt_state), None
