@@ -86,7 +86,7 @@ def table_jobs(seeds, settings=SETTINGS):
                     method = f"{base}+fedwalk" if walk else base
                     yield (f"table/{setting}/{method}/seed{seed}", config_file,
                            [f"algorithm.name={base}", f"seed={seed}", *extra]
-                           + ([] if walk else ["algorithm.fedwalk=null"]))
+                           + ([] if walk else ["algorithm.plugins=[]"]))
 
 
 def strong_sweep_key(grade: str, tau: float) -> str:
@@ -96,16 +96,16 @@ def strong_sweep_key(grade: str, tau: float) -> str:
 
 def sweep_jobs(grades):
     for tau in TAUS:
-        yield f"sweep/LH/tau{tau:g}", GRADES["LH"], [f"algorithm.fedwalk.tau={tau}"]
-    yield "pretrain/LH", GRADES["LH"], ["algorithm.fedwalk.mode=pretrain"]
+        yield f"sweep/LH/tau{tau:g}", GRADES["LH"], [f"algorithm.plugins.fedwalk.tau={tau}"]
+    yield "pretrain/LH", GRADES["LH"], ["algorithm.plugins.fedwalk.mode=pretrain"]
     for steps in STRONGER:
-        yield f"steps/LH/steps{steps}", GRADES["LH"], ["algorithm.fedwalk.tau=1", f"algorithm.fedwalk.steps={steps}"]
+        yield f"steps/LH/steps{steps}", GRADES["LH"], ["algorithm.plugins.fedwalk.tau=1", f"algorithm.plugins.fedwalk.steps={steps}"]
     for grade in grades:
         for tau in STRONG_TAUS:
             yield (strong_sweep_key(grade, tau), GRADES[grade],
-                   [f"algorithm.fedwalk.tau={tau}", f"algorithm.fedwalk.steps={STRONG_STEPS}"])
+                   [f"algorithm.plugins.fedwalk.tau={tau}", f"algorithm.plugins.fedwalk.steps={STRONG_STEPS}"])
         yield (f"pretrain{STRONG_STEPS}/{grade}", GRADES[grade],
-               ["algorithm.fedwalk.mode=pretrain", f"algorithm.fedwalk.pretrain_steps={50 * STRONG_STEPS}"])
+               ["algorithm.plugins.fedwalk.mode=pretrain", f"algorithm.plugins.fedwalk.pretrain_steps={50 * STRONG_STEPS}"])
 
 
 PRETRAINED_STEPS = 2000  # about 13 epochs of the 10,000-image LH leash set
@@ -115,9 +115,9 @@ def pretrained_jobs(seeds):
     """FedAvg and FedWalk (LH) from a model pre-trained on the leash, standing in for the paper's ImageNet start."""
     for seed in seeds:
         yield (f"pretrained/fedavg/seed{seed}", GRADES["LH"],
-               [f"seed={seed}", "algorithm.fedwalk.mode=pretrain", f"algorithm.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
+               [f"seed={seed}", "algorithm.plugins.fedwalk.mode=pretrain", f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
         yield (f"pretrained/fedavg+fedwalk/seed{seed}", GRADES["LH"],
-               [f"seed={seed}", f"algorithm.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
+               [f"seed={seed}", f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
 
 
 def finished(runs: Path, jobs) -> dict:

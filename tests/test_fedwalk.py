@@ -8,39 +8,39 @@ import optax
 import pytest
 
 from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, randomness
-from fedjax_lab.engine.local_training import train_locally
+from fedjax_lab.engine.components import ClientView, LocalResult, component_key
 from fedjax_lab.engine.types import ClientData
 from fedjax_lab.experiments import ConfigError, load_config, validate
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.run_directory import read_metrics
 from fedjax_lab.experiments.runner import run_experiment
 from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.methods.fednova import fednova
-from fedjax_lab.methods.fedprox import fedprox
+from fedjax_lab.methods.fednova import normalised_averaging
+from fedjax_lab.methods.fedprox import proximal
 from fedjax_lab.methods.fedwalk import (
     UNMEASURED_LEASH_LOSS,
     LeashTask,
+    client_loss_report,
     fedwalk,
     gate_is_open,
     leash_steps,
     pretrain_on_leash,
 )
-from fedjax_lab.methods.scaffold import scaffold
+from fedjax_lab.methods.scaffold import control_variates
 from fedjax_lab.methods.server_optimizers import fedavg_server
 from tests.conftest import assert_trees_close, make_inputs
 
-PROBED = LocalSchedule(4, local_steps=3, probe_examples=8)
 PLAIN = LocalSchedule(4, local_steps=3)
 LR = 0.1
 COHORT = 6
 
 
-def _bases(classifier, schedule, num_clients):
-    loss, opt, server = classifier.loss, optax.sgd(LR), fedavg_server(1.0)
-    return {"fedavg": fedavg(loss, opt, server, schedule, "uniform"),
-            "scaffold": scaffold(loss, opt, server, schedule, LR, num_clients),
-            "fedprox": fedprox(loss, opt, server, schedule, mu=0.1),
-            "fednova": fednova(loss, opt, server, schedule)}
+def _bases(classifier, schedule=PLAIN, num_clients=None):
+    opt, server = optax.sgd(LR), fedavg_server(1.0)
+    return {"fedavg": fedavg(classifier, opt, server, schedule, weighting="uniform"),
+            "scaffold": fedavg(classifier, opt, server, schedule, control_variates()),
+            "fedprox": fedavg(classifier, opt, server, schedule, proximal(0.1)),
+            "fednova": fedavg(classifier, opt, server, schedule, normalised_averaging())}
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +59,16 @@ def _run(algorithm, classifier, data, inputs, rounds=2):
 
 
 def _walk(base, leash, tau, **kwargs):
-    return fedwalk(base, leash, jax.random.key(1), tau, learning_rate=LR, leash_loss_examples=16, **kwargs)
+    return fedwalk(base, leash, jax.random.key(1), tau, learning_rate=LR, leash_loss_examples=16,
+                   client_loss_examples=8, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedprox", "fednova"])
 def test_closed_gate_equals_the_base_algorithm_exactly(tiny_data, tiny_classifier, leash_setup, name):
     leash, inputs = leash_setup
-    walked = _walk(_bases(tiny_classifier, PROBED, tiny_data.num_clients)[name], leash, tau=-jnp.inf)
+    walked = _walk(_bases(tiny_classifier)[name], leash, tau=-jnp.inf)
     state, metrics = _run(walked, tiny_classifier, tiny_data, inputs)
-    base_state, _ = _run(_bases(tiny_classifier, PLAIN, tiny_data.num_clients)[name], tiny_classifier, tiny_data,
+    base_state, _ = _run(_bases(tiny_classifier)[name], tiny_classifier, tiny_data,
                          inputs)
     assert_trees_close(state.server_state.base, base_state.server_state, rtol=0, atol=0)
     assert_trees_close(state.client_states, base_state.client_states, rtol=0, atol=0)
@@ -77,7 +78,7 @@ def test_closed_gate_equals_the_base_algorithm_exactly(tiny_data, tiny_classifie
 
 def test_open_gate_takes_the_leash_steps_after_the_base_aggregation(tiny_data, tiny_classifier, leash_setup):
     leash, inputs = leash_setup
-    base = _bases(tiny_classifier, PROBED, tiny_data.num_clients)["fedavg"]
+    base = _bases(tiny_classifier)["fedavg"]
     walked = _walk(base, leash, tau=jnp.inf, num_steps=3, batch_size=8)
     _, metrics = _run(walked, tiny_classifier, tiny_data, inputs, rounds=3)
     assert np.array_equal(np.asarray(metrics["leash_open"]), [1, 1, 1])
@@ -86,7 +87,7 @@ def test_open_gate_takes_the_leash_steps_after_the_base_aggregation(tiny_data, t
     # Round 0 by hand: the base's round, then 3 leash steps with the round's server key, from the same head.
     one, _ = _run(walked, tiny_classifier, tiny_data, inputs, rounds=1)
     base_one, _ = _run(base, tiny_classifier, tiny_data, inputs, rounds=1)
-    key = jax.random.fold_in(randomness.round_key(inputs.key, 0, randomness.Purpose.SERVER), randomness.Purpose.LEASH)
+    key = component_key(randomness.round_key(inputs.key, 0, randomness.Purpose.SERVER), "fedwalk")
     head = leash.init_head(jax.random.key(1), tiny_classifier.init(jax.random.key(0)))
     expected, expected_head = leash_steps(leash, base_one.server_state.params, head, inputs.server_arrays,
                                           jax.random.fold_in(key, 0), optax.sgd(LR), 3, 8)
@@ -97,18 +98,19 @@ def test_open_gate_takes_the_leash_steps_after_the_base_aggregation(tiny_data, t
 
 def test_scaffold_plus_fedwalk_keeps_scaffolds_control_variates(tiny_data, tiny_classifier, leash_setup):
     leash, inputs = leash_setup
-    base = _bases(tiny_classifier, PROBED, tiny_data.num_clients)["scaffold"]
+    base = _bases(tiny_classifier)["scaffold"]
     walked, _ = _run(_walk(base, leash, tau=jnp.inf, num_steps=2), tiny_classifier, tiny_data, inputs, rounds=1)
     alone, _ = _run(base, tiny_classifier, tiny_data, inputs, rounds=1)
     # Same round from the same model: the controls are SCAFFOLD's bit for bit, only the model has moved.
-    assert_trees_close(walked.server_state.base.control, alone.server_state.control, rtol=0, atol=0)
+    assert_trees_close(walked.server_state.base.components["scaffold"], alone.server_state.components["scaffold"],
+                       rtol=0, atol=0)
     assert_trees_close(walked.client_states, alone.client_states, rtol=0, atol=0)
     assert not np.allclose(jax.tree.leaves(walked.server_state.base.params)[0],
                            jax.tree.leaves(alone.server_state.params)[0])
     # Later rounds: clients correct with c - c_k and the server keeps averaging control deltas as SCAFFOLD does.
     state, _ = _run(_walk(base, leash, tau=jnp.inf), tiny_classifier, tiny_data, inputs, rounds=4)
-    mean_client = jax.tree.map(lambda c: jnp.mean(c, 0), state.client_states)
-    assert_trees_close(state.server_state.base.control, mean_client, rtol=1e-4, atol=1e-6)
+    mean_client = jax.tree.map(lambda c: jnp.mean(c, 0), state.client_states["scaffold"])
+    assert_trees_close(state.server_state.base.components["scaffold"], mean_client, rtol=1e-4, atol=1e-6)
 
 
 def test_gate_opens_exactly_when_log2_of_the_loss_ratio_is_below_tau():
@@ -123,9 +125,9 @@ def test_gate_opens_exactly_when_log2_of_the_loss_ratio_is_below_tau():
 def test_client_loss_ema_follows_eq5_and_leash_loss_moves_only_with_the_leash(tiny_data, tiny_classifier,
                                                                               leash_setup):
     leash, inputs = leash_setup
-    base = _bases(tiny_classifier, PROBED, tiny_data.num_clients)["fedavg"]
+    base = _bases(tiny_classifier)["fedavg"]
     _, metrics = _run(_walk(base, leash, tau=-1.0, beta=0.7), tiny_classifier, tiny_data, inputs, rounds=6)
-    ema, final, ls, opened = (np.asarray(metrics[k]) for k in ("client_loss_ema", "final_loss", "leash_loss",
+    ema, final, ls, opened = (np.asarray(metrics[k]) for k in ("client_loss_ema", "client_loss", "leash_loss",
                                                                  "leash_open"))
     expected = np.zeros(6)
     for r in range(6):
@@ -138,23 +140,34 @@ def test_client_loss_ema_follows_eq5_and_leash_loss_moves_only_with_the_leash(ti
         assert bool(opened[r]) == bool(ls[r - 1] > 2.0 * ema[r])
 
 
-def test_probe_reports_the_final_models_loss_on_the_clients_data(tiny_data, tiny_classifier):
-    k = 1  # 25 examples; a probe larger than the client covers all of them
+def test_client_loss_is_the_evaluation_mode_loss_of_the_final_model_on_the_clients_data(tiny_data, tiny_classifier):
+    k = 1  # 25 examples; a sample larger than the client covers all of them
     client = ClientData(jnp.int32(k), jnp.asarray(tiny_data.client_train_ids[k]),
                         jnp.int32(tiny_data.client_train_counts[k]))
     arrays = jax.device_put(tiny_data.train)
-    params = tiny_classifier.init(jax.random.key(0))
-    schedule = LocalSchedule(4, local_steps=3, probe_examples=64)
-    trained, stats = train_locally(params, tiny_classifier.loss, optax.sgd(LR), client, arrays, jax.random.key(2),
-                                   schedule)
+    trained = tiny_classifier.init(jax.random.key(5))
+    view = ClientView(None, (), (), client, arrays, jax.random.key(2), jnp.float32(LR))
+    reported, _ = client_loss_report(tiny_classifier, "final", 64).finish(view, LocalResult(trained, None, None))
     n = int(client.num_examples)
     rows = tiny_data.client_train_ids[k, :n]
-    whole = tiny_classifier.loss(trained, {"x": arrays["x"][rows], "y": arrays["y"][rows],
-                                           "mask": jnp.ones(n)}, None)[0]
-    np.testing.assert_allclose(float(stats.final_loss), float(whole), rtol=1e-5)
-    unprobed, plain = train_locally(params, tiny_classifier.loss, optax.sgd(LR), client, arrays, jax.random.key(2),
-                                    LocalSchedule(4, local_steps=3))
-    assert_trees_close(unprobed, trained, rtol=0, atol=0) and np.isnan(float(plain.final_loss))
+    whole = tiny_classifier.eval_loss(trained, {"x": arrays["x"][rows], "y": arrays["y"][rows], "mask": jnp.ones(n)})
+    np.testing.assert_allclose(float(reported), float(whole), rtol=1e-5)
+
+
+def test_the_leash_never_applies_the_clients_augmentation(tiny_classifier, leash_setup):
+    import dataclasses
+
+    from fedjax_lab.models import augment
+
+    leash, inputs = leash_setup
+    noisy = dataclasses.replace(tiny_classifier, augment=augment.gaussian_noise)  # reads batch['noise_std']
+    walked_leash = LeashTask(noisy, 3)
+    params = tiny_classifier.init(jax.random.key(0))
+    head = walked_leash.init_head(jax.random.key(1), params)
+    # The leash set has no 'noise_std': with the clients' augmentation this would fail.
+    trained, _ = leash_steps(walked_leash, params, head, inputs.server_arrays, jax.random.key(2), optax.sgd(LR), 2, 8)
+    assert_trees_close(trained, leash_steps(leash, params, head, inputs.server_arrays, jax.random.key(2),
+                                            optax.sgd(LR), 2, 8)[0], rtol=0, atol=0)
 
 
 def test_pretraining_lowers_the_leash_loss_and_leaves_the_fl_head(tiny_classifier, leash_setup):
@@ -170,7 +183,9 @@ def test_pretraining_lowers_the_leash_loss_and_leaves_the_fl_head(tiny_classifie
     assert np.array_equal(params["params"]["output"]["kernel"], trained["params"]["output"]["kernel"])
 
 
-def _image_config(image_root, **algorithm):
+def _image_config(image_root, fedwalk=None, **algorithm):
+    if fedwalk is not None:
+        algorithm["plugins"] = [{"name": "fedwalk", **fedwalk}]
     return {"dataset": {"name": "image_folder", "data_dir": str(image_root),
                         "partition": {"name": "iid", "num_clients": 6},
                         "server_data": {"kind": "out_of_domain", "dataset": "image_folder", "size": 40,
@@ -183,7 +198,7 @@ def _image_config(image_root, **algorithm):
 def test_fedwalk_without_a_leash_set_fails_validation_naming_the_field(image_root):
     raw = _image_config(image_root, fedwalk={"tau": 0.5})
     del raw["dataset"]["server_data"]
-    with pytest.raises(ConfigError, match="algorithm.fedwalk needs a leash set: set dataset.server_data"):
+    with pytest.raises(ConfigError, match="algorithm: fedwalk needs data held by the server: set dataset.server_data"):
         validate(raw)
 
 
@@ -206,7 +221,7 @@ def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, tmp_path, algo
     rows = read_metrics(tmp_path)
     assert np.isfinite(summary["final"]["test_loss"]) and summary["diverged"] is None
     if algorithm["fedwalk"].get("mode") == "pretrain":
-        assert "leash_open" not in rows[1] and "final_loss" not in rows[1]
+        assert "leash_open" not in rows[1] and "client_loss" not in rows[1]
     else:
         assert rows[1]["leash_open"] == 1.0 and rows[-1]["leash_steps_taken"] == 2.0 * rows[-1]["round"]
 
@@ -215,10 +230,13 @@ def test_pretrained_fedwalk_starts_from_the_pretrained_model_and_leash_head(imag
     scratch = build_experiment(validate(_image_config(image_root, fedwalk={}))).initial_state()
     experiment = build_experiment(validate(_image_config(image_root, fedwalk={"pretrain_steps": 5})))
     state = experiment.initial_state()
-    params, head = experiment.prepare(experiment.classifier.init(randomness.init_key(experiment.inputs.key)),
-                                      experiment.inputs)
-    assert_trees_close(state.server_state.base.params, params, rtol=0, atol=0)
-    assert_trees_close(state.server_state.leash_head, head, rtol=0, atol=0)
+    head_key = component_key(randomness.init_key(randomness.base_key(0)), "fedwalk")
+    leash = LeashTask(experiment.classifier, 2)
+    params, head = pretrain_on_leash(leash, experiment.classifier.init(randomness.init_key(experiment.inputs.key)),
+                                     head_key, jax.device_put(experiment.dataset.server), jax.random.fold_in(head_key, 1), 5, 0.05,
+                                     batch_size=64)
+    assert_trees_close(state.server_state.base.params, params, rtol=1e-6, atol=1e-7)
+    assert_trees_close(state.server_state.leash_head, head, rtol=1e-6, atol=1e-7)
     assert not np.allclose(jax.tree.leaves(head)[0], jax.tree.leaves(scratch.server_state.leash_head)[0])
 
 

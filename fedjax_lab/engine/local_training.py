@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ import optax
 
 from fedjax_lab.engine.randomness import Purpose
 from fedjax_lab.engine.tree_math import tree_where
-from fedjax_lab.engine.types import Arrays, ClientData, LossFn, Params
+from fedjax_lab.engine.types import Arrays, ClientData, Forward, ForwardFn, LossFn, Params, PyTree, as_forward
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
@@ -43,9 +43,6 @@ class LocalSchedule:
       min_examples: the smallest client in the population; bounds how many epochs a client can pass through
         under ``local_steps`` (so how many permutations are drawn). 1 is always safe, only slower.
       unroll: ``lax.scan`` unroll factor of the step loop (speed only, never results).
-      probe_examples: after training, also report the final model's loss on this many of the client's
-        examples, drawn without replacement (all of them when the client has fewer); 0 reports nothing.
-        FedWalk's clients send this loss (its Eq. 3).
     """
 
     batch_size: int
@@ -53,7 +50,6 @@ class LocalSchedule:
     local_epochs: int | None = None
     min_examples: int = 1
     unroll: int = 1
-    probe_examples: int = 0
 
     def __post_init__(self):
         if (self.local_steps is None) == (self.local_epochs is None):
@@ -62,8 +58,6 @@ class LocalSchedule:
         for name in ("batch_size", "min_examples", "unroll"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.probe_examples < 0:
-            raise ValueError(f"probe_examples must be >= 0, got {self.probe_examples}")
         budget = self.local_steps if self.local_steps is not None else self.local_epochs
         if budget < 1:
             raise ValueError(f"the local budget must be >= 1, got {budget}")
@@ -86,11 +80,67 @@ class LocalSchedule:
 
 
 class LocalStats(NamedTuple):
-    """What local training reports besides the new parameters (``final_loss`` is NaN without a probe)."""
+    """What local training reports besides the new variables.
+
+    Attributes:
+      mean_loss: the mean training objective (loss terms included) over the client's steps.
+      num_steps: ``K_k``, the steps the client took.
+      unit_step: how far the client optimiser moved a parameter whose gradient was 1 at every step, i.e.
+        ``eta * a_k``: ``K eta`` for SGD, ``eta [K - rho (1 - rho^K) / (1 - rho)] / (1 - rho)`` with heavy-ball
+        momentum ``rho`` (FedNova's ``a_k``), about ``K eta`` for Adam. SCAFFOLD and FedNova normalise by it, so
+        they follow whatever optimiser the clients run.
+      step_outputs: what the hooks' ``step_output`` returned at each step, stacked ``[max_steps, ...]`` (rows past
+        ``num_steps`` are zeros); ``()`` without such hooks.
+    """
 
     mean_loss: jax.Array
     num_steps: jax.Array
-    final_loss: jax.Array
+    unit_step: jax.Array
+    step_outputs: PyTree = ()
+
+
+class StepRecord(NamedTuple):
+    """One local step as a ``step_output`` hook sees it: the step index, the trainable parameters before the
+    step, the batch, its objective and gradient (after the ``gradient`` hooks), and whether the step is real."""
+
+    step: jax.Array
+    params: Params
+    batch: Arrays
+    loss: jax.Array
+    grads: Params
+    active: jax.Array
+
+
+GradFn = Callable[..., tuple[tuple[jax.Array, Any], Params]]
+"""``grad_fn(params, model_state, batch, key) -> ((loss, model_state), grads)``."""
+
+LossTerm = Callable[[Params, Arrays, Forward], jax.Array]
+"""``term(variables, batch, forward) -> scalar`` added to the client's objective (FedProx's proximal term, MOON's
+contrastive term); ``forward`` is the task's forward pass of the same batch."""
+
+
+class LocalHooks(NamedTuple):
+    """Changes to one client's local training, each in one place (identity when left at its default).
+
+    Attributes:
+      loss_terms: added to the task loss of every batch.
+      needs_features: some term reads ``forward.features`` (the task must provide them).
+      gradient: an optax transformation applied to the gradient before the client optimiser (SCAFFOLD's
+        correction in the paper's form).
+      update: an optax transformation applied to the optimiser's update before it moves the parameters
+        (SCAFFOLD's correction as NIID-Bench applies it).
+      grad_fn: turns the plain ``GradFn`` into another (FedSAM's sharpness-aware gradient).
+      batch: ``(batch, step, key) -> batch``, the batch source: changes or extends each batch before the step.
+      step_output: ``(record: StepRecord) -> pytree`` kept for every step and returned stacked.
+    """
+
+    loss_terms: tuple[LossTerm, ...] = ()
+    needs_features: bool = False
+    gradient: optax.GradientTransformation | None = None
+    update: optax.GradientTransformation | None = None
+    grad_fn: Callable[[GradFn], GradFn] | None = None
+    batch: Callable[[Arrays, jax.Array, jax.Array], Arrays] | None = None
+    step_output: Callable[[StepRecord], PyTree] | None = None
 
 
 def epoch_permutations(key: jax.Array, num_examples: jax.Array, max_examples: int, num_epochs: int) -> jax.Array:
@@ -122,70 +172,117 @@ def gather_batch(arrays: Arrays, example_ids: jax.Array, mask: jax.Array) -> dic
     return batch
 
 
-def probe_loss(variables: Params, loss_fn: LossFn, client: ClientData, arrays: Arrays, key: jax.Array,
-               num_probe: int) -> jax.Array:
-    """``loss_fn`` of ``variables`` on ``min(num_probe, n_k)`` of the client's examples drawn without
-    replacement (one masked batch; the model state it returns is discarded)."""
+def sample_client_batch(client: ClientData, arrays: Arrays, key: jax.Array, size: int) -> dict[str, jax.Array]:
+    """``min(size, n_k)`` of the client's examples drawn without replacement, as one masked batch of
+    ``min(size, max_examples)`` rows."""
     max_examples = client.example_ids.shape[-1]
-    size = min(num_probe, max_examples)
+    size = min(size, max_examples)
     slots = epoch_permutations(key, client.num_examples, max_examples, 1)[0, :size]
-    batch = gather_batch(arrays, client.example_ids[slots], jnp.arange(size) < client.num_examples)
-    return loss_fn(variables, batch, key)[0]
+    return gather_batch(arrays, client.example_ids[slots], jnp.arange(size) < client.num_examples)
+
+
+def objective(forward_fn: ForwardFn, hooks: LocalHooks) -> Callable:
+    """``(variables, batch, key) -> (loss, model_state)``: the task loss plus every hook's loss term, from one
+    forward pass."""
+
+    def loss(variables, batch, key):
+        forward = forward_fn(variables, batch, key, hooks.needs_features)
+        total = forward.loss
+        for term in hooks.loss_terms:
+            total = total + term(variables, batch, forward)
+        return total, forward.model_state
+
+    return loss
+
+
+def unit_step_tracker(optimizer: optax.GradientTransformation):
+    """``(init, step)`` of a scalar shadow parameter that ``optimizer`` moves with a gradient of 1 at every step
+    (its parameter stays 0, so weight decay does not act on it); ``-position`` is :attr:`LocalStats.unit_step`."""
+
+    def init():
+        return jnp.zeros((), jnp.float32), optimizer.init(jnp.zeros((), jnp.float32))
+
+    def step(carry):
+        position, state = carry
+        update, state = optimizer.update(jnp.ones((), jnp.float32), state, jnp.zeros((), jnp.float32))
+        return position + update, state
+
+    return init, step
+
+
+def first_step_rate(optimizer: optax.GradientTransformation) -> jax.Array:
+    """How far ``optimizer`` moves a parameter on its first step from a fresh state with a gradient of 1: the
+    learning rate for SGD with or without momentum, and (up to ``eps``) for Adam."""
+    update, _ = optimizer.update(jnp.ones((), jnp.float32), optimizer.init(jnp.zeros((), jnp.float32)),
+                                 jnp.zeros((), jnp.float32))
+    return -update
 
 
 def train_locally(
     variables: Params,
-    loss_fn: LossFn,
+    task: LossFn | Any,
     optimizer: optax.GradientTransformation,
     client: ClientData,
     arrays: Arrays,
     key: jax.Array,
     schedule: LocalSchedule,
-    value_and_grad: Callable = jax.value_and_grad,
-    task_loss: LossFn | None = None,
+    hooks: LocalHooks = LocalHooks(),
 ) -> tuple[Params, LocalStats]:
-    """Runs one client's local optimisation from ``variables`` and returns the final variables.
+    """Runs one client's local optimisation from ``variables`` and returns the final variables and
+    :class:`LocalStats`.
 
-    ``value_and_grad`` turns ``loss(params, model_state, batch, key) -> (loss, model_state)`` into a function
-    returning ``((loss, model_state), grads)``; it is ``jax.value_and_grad(..., has_aux=True)`` unless a method
-    computes its gradients otherwise (FedSAM's sharpness-aware gradient).
+    ``task`` is a ``LossFn`` ``(variables, batch, key) -> (loss, model_state)``, or an object with a
+    ``forward(variables, batch, key, with_features) -> Forward`` method (a :class:`~fedjax_lab.models.Classifier`),
+    which loss terms on the representation need. Batches are ``{'x', 'y', 'mask'}``; masked-out rows must not
+    contribute (see the module docstring). ``hooks`` change the objective, the gradient, the update, the batches,
+    and what each step reports (:class:`LocalHooks`).
 
-    The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts
-    fresh every round; model state such as BatchNorm statistics follows what ``loss_fn`` returns.
-    ``loss_fn(variables, batch, key) -> (loss, model_state)`` receives batches ``{'x', 'y', 'mask'}`` whose
-    masked-out rows must not contribute (see the module docstring). With ``schedule.probe_examples``, the final
-    model's ``task_loss`` (default ``loss_fn``; methods that add a term to the objective pass the plain one) is
-    measured on a sample of the client's examples (:func:`probe_loss`).
+    The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts fresh
+    every round; model state such as BatchNorm statistics follows what the loss returns.
     """
     max_examples = client.example_ids.shape[-1]
     permutations = epoch_permutations(jax.random.fold_in(key, Purpose.SHUFFLE), client.num_examples,
                                       max_examples, schedule.num_epochs())
     num_steps = schedule.client_steps(client.num_examples)
     params, model_state = split_variables(variables)
+    loss_fn = objective(as_forward(task), hooks)
 
     def loss_of_trainable(params, model_state, batch, step_key):
         return loss_fn(merge_variables(params, model_state, variables), batch, step_key)
 
-    grad_fn = value_and_grad(loss_of_trainable, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_of_trainable, has_aux=True)
+    if hooks.grad_fn is not None:
+        grad_fn = hooks.grad_fn(grad_fn)
+    full_optimizer = optax.chain(*[t for t in (hooks.gradient, optimizer, hooks.update) if t is not None])
+    tracker_init, tracker_step = unit_step_tracker(optimizer)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
     def step(carry, s):
-        params, model_state, opt_state, loss_sum = carry
+        params, model_state, opt_state, tracker, loss_sum = carry
         slots, mask = batch_slots(schedule, permutations, s, client.num_examples)
         batch = gather_batch(arrays, client.example_ids[slots], mask)
-        (loss, new_model_state), grads = grad_fn(params, model_state, batch, jax.random.fold_in(step_key, s))
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        key_s = jax.random.fold_in(step_key, s)
+        if hooks.batch is not None:
+            batch = hooks.batch(batch, s, key_s)
+        (loss, new_model_state), grads = grad_fn(params, model_state, batch, key_s)
+        updates, new_opt_state = full_optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         active = s < num_steps
-        params, model_state, opt_state = tree_where(
-            active, (new_params, new_model_state, new_opt_state), (params, model_state, opt_state))
-        return (params, model_state, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+        output = () if hooks.step_output is None else hooks.step_output(
+            StepRecord(s, params, batch, loss, grads, active))
+        params, model_state, opt_state, tracker = tree_where(
+            active, (new_params, new_model_state, new_opt_state, tracker_step(tracker)),
+            (params, model_state, opt_state, tracker))
+        output = jax.tree.map(lambda x: jnp.where(active, x, jnp.zeros_like(x)), output)
+        return (params, model_state, opt_state, tracker, loss_sum + jnp.where(active, loss, 0.0)), output
 
-    carry = (params, model_state, optimizer.init(params), jnp.zeros((), jnp.float32))
+    carry = (params, model_state, full_optimizer.init(params), tracker_init(), jnp.zeros((), jnp.float32))
     if schedule.local_steps is not None:
-        (params, model_state, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps),
-                                                             unroll=schedule.unroll)
+        carry, outputs = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps), unroll=schedule.unroll)
     else:
+        if hooks.step_output is not None:
+            raise ValueError("step_output hooks need a fixed number of steps: use local_steps, not local_epochs")
+
         # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the
         # loop continues while any client is active) instead of to the population's largest client.
         def body(loop):
@@ -194,11 +291,8 @@ def train_locally(
                 carry = step(carry, s + i)[0]
             return s + schedule.unroll, carry
 
-        _, (params, model_state, _, loss_sum) = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
-                                                                    (jnp.zeros((), jnp.int32), carry))
+        _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body, (jnp.zeros((), jnp.int32), carry))
+        outputs = ()
+    params, model_state, _, (position, _), loss_sum = carry
     trained = merge_variables(params, model_state, variables)
-    final_loss = jnp.full((), jnp.nan, jnp.float32)
-    if schedule.probe_examples:
-        final_loss = probe_loss(trained, task_loss or loss_fn, client, arrays, jax.random.fold_in(key, Purpose.PROBE),
-                                schedule.probe_examples)
-    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, final_loss)
+    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, -position, outputs)

@@ -21,8 +21,6 @@ class Purpose(enum.IntEnum):
     SHUFFLE = 3
     STEP = 4
     INIT = 5
-    PROBE = 6
-    LEASH = 7
 
 
 def base_key(seed: int) -> jax.Array:

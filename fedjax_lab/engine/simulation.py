@@ -99,7 +99,7 @@ def run_round(algorithm: Algorithm, plan: CohortPlan, state: LoopState, inputs: 
     messages, new_client_states, client_metrics = map_cohort(
         client_fn, plan.chunk_size, tree_take(state.client_states, ids), clients, keys)
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
-                            inputs.server_arrays)
+                            inputs.server_arrays, plan.num_clients)
     server_state, server_metrics = algorithm.server_update(
         state.server_state, messages, Cohort(ids, clients.num_examples), context)
     metrics = {name: jnp.mean(value) for name, value in client_metrics.items()}

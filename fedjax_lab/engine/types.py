@@ -55,18 +55,20 @@ class Cohort(NamedTuple):
 
 
 class ServerContext(NamedTuple):
-    """Inputs of a server update that are not algorithm state.
+    """What a server update needs from the run besides algorithm state.
 
     Attributes:
       key: PRNG key for this round's server-side randomness.
       round: int32 scalar, the index of the round being run (0-based).
       server_arrays: data held by the server (a leash set for FedWalk, a merging set for Feddle), or an
         empty dict when the experiment has none.
+      num_clients: the population size ``N`` (SCAFFOLD's and FedDyn's ``1/N`` averages).
     """
 
     key: jax.Array
     round: jax.Array
     server_arrays: Arrays
+    num_clients: int = 1
 
 
 def replace_params(server_state: ServerState, params: Params) -> ServerState:
@@ -89,6 +91,9 @@ class Algorithm(NamedTuple):
       set_model_params: ``(server_state, params) -> server_state`` with the global model replaced, for
         plug-ins that move the model on the server (FedWalk's leash). The default replaces the ``params``
         field of a NamedTuple state.
+      with_components: ``(*components) -> Algorithm``, the same algorithm with more client/server components
+        (:mod:`fedjax_lab.engine.components`), for plug-ins that also change what clients do; ``None`` for an
+        algorithm not assembled from components.
     """
 
     server_init: Callable[[Params], ServerState]
@@ -97,6 +102,7 @@ class Algorithm(NamedTuple):
     server_update: Callable[..., tuple[ServerState, Metrics]]
     model_params: Callable[[ServerState], Params]
     set_model_params: Callable[[ServerState, Params], ServerState] = replace_params
+    with_components: Callable[..., Algorithm] | None = None
 
 
 class LoopState(NamedTuple):
@@ -117,3 +123,38 @@ LossFn = Callable[[Params, Arrays, jax.Array], tuple[jax.Array, Mapping[str, Any
 """``loss_fn(variables, batch, key) -> (loss, model_state)``: the mask-weighted mean loss of a batch
 ``{'x', 'y', 'mask'}`` (masked rows must not contribute, to the loss or to batch statistics), and the model's
 non-trainable collections after the step (``{}`` for a model without any; see :mod:`.variables`)."""
+
+
+class Forward(NamedTuple):
+    """A training-mode forward pass of one batch, as loss terms see it.
+
+    Attributes:
+      loss: the task's mask-weighted mean loss.
+      model_state: the model's non-trainable collections after the batch (``{}`` without any).
+      features: the representation of the batch (``None`` when not asked for, or not available).
+      model_inputs: the preprocessed (and augmented) inputs the model saw (``None`` likewise).
+    """
+
+    loss: jax.Array
+    model_state: Mapping[str, Any]
+    features: jax.Array | None = None
+    model_inputs: jax.Array | None = None
+
+
+ForwardFn = Callable[..., Forward]
+"""``forward(variables, batch, key, with_features: bool) -> Forward``."""
+
+
+def as_forward(task: Any) -> ForwardFn:
+    """The task's ``forward`` method, or a ``ForwardFn`` around a plain ``LossFn`` (which has no features)."""
+    if hasattr(task, "forward"):
+        return task.forward
+
+    def forward(variables, batch, key, with_features=False):
+        if with_features:
+            raise ValueError("a loss term reads the representation, but the task is a plain loss function; "
+                             "pass an object with forward(variables, batch, key, with_features), e.g. a Classifier")
+        loss, model_state = task(variables, batch, key)
+        return Forward(loss, model_state)
+
+    return forward

@@ -1,7 +1,18 @@
-"""Experiments: configs, building a run from a config, the host loop, run directories, plots, the CLI."""
+"""Experiments: configs, building a run from a config, the host loop, run directories, plots, the CLI.
 
-from fedjax_lab.experiments.build import Experiment, build_experiment
-from fedjax_lab.experiments.config import Config, ConfigError, load_config, validate
-from fedjax_lab.experiments.runner import run_experiment
+The names below are imported on first use, so that ``fedjax_lab.experiments.config`` (and the CLI's config
+check) loads without JAX.
+"""
 
-__all__ = ["Config", "ConfigError", "Experiment", "build_experiment", "load_config", "run_experiment", "validate"]
+import importlib
+
+_EXPORTS = {"Config": "config", "ConfigError": "config", "load_config": "config", "validate": "config",
+            "Experiment": "build", "build_experiment": "build", "run_experiment": "runner"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"fedjax_lab.experiments.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'fedjax_lab.experiments' has no attribute {name!r}")

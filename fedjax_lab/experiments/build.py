@@ -26,17 +26,8 @@ from fedjax_lab.engine import (
 )
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
-from fedjax_lab.methods import server_optimizers
+from fedjax_lab.methods import registry, server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.methods.feddecorr import feddecorr
-from fedjax_lab.methods.feddyn import feddyn
-from fedjax_lab.methods.fedexp import fedexp
-from fedjax_lab.methods.fednova import fednova
-from fedjax_lab.methods.fedprox import fedprox
-from fedjax_lab.methods.fedsam import fedsam
-from fedjax_lab.methods.fedwalk import FedWalkState, LeashTask, fedwalk, pretrain_on_leash
-from fedjax_lab.methods.moon import moon
-from fedjax_lab.methods.scaffold import scaffold
 from fedjax_lab.models import augment
 
 
@@ -121,32 +112,23 @@ def build_client_optimizer(config: Config) -> optax.GradientTransformation:
     return optax.chain(optax.add_decayed_weights(c.weight_decay), opt) if c.weight_decay else opt
 
 
-REFERENCES = ("centralized", "server_only")
-"""Reference runs: FedAvg on one client holding the pooled training data, or only the server's data."""
-
-FEDAVG_FAMILY = {"fedavg": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi",
-                 "fedadagrad": "adagrad"}
-
-
 def build_server_optimizer(config: Config) -> optax.GradientTransformation:
-    """The server optimiser: named by ``algorithm.server_optimizer``, or implied by ``algorithm.name``."""
+    """The server optimiser of ``algorithm.server_optimizer`` (its default is what the method's name implies)."""
     a = config.algorithm
-    rule = FEDAVG_FAMILY.get(a.name, "sgd") if a.server_optimizer == "default" else a.server_optimizer
-    if rule == "sgd":
+    if a.server_optimizer == "sgd":
         return server_optimizers.fedavg_server(a.server_learning_rate)
-    if rule == "momentum":
+    if a.server_optimizer == "momentum":
         return server_optimizers.fedavgm_server(a.server_learning_rate, a.server_momentum)
-    if rule == "momentum_fedcog":
+    if a.server_optimizer == "momentum_fedcog":
         return server_optimizers.fedcog_momentum_server(a.server_momentum)
-    return server_optimizers.reddi_server(rule, a.server_learning_rate, a.beta1, a.beta2, a.tau)
+    return server_optimizers.reddi_server(a.server_optimizer, a.server_learning_rate, a.beta1, a.beta2, a.tau)
 
 
 def build_schedule(config: Config, dataset: FederatedDataset) -> LocalSchedule:
-    """Local training; FedWalk's clients also measure their final model's loss (``probe_examples``)."""
-    c, walk = config.client, config.algorithm.fedwalk
-    probe = walk.client_loss_examples if walk and walk.mode == "leash" and walk.client_loss == "final" else 0
+    """Local training: the budget, batch size and unroll of ``client`` and ``rounds``."""
+    c = config.client
     return LocalSchedule(c.batch_size, c.local_steps, c.local_epochs, min_examples=dataset.min_examples,
-                         unroll=config.rounds.unroll, probe_examples=probe)
+                         unroll=config.rounds.unroll)
 
 
 CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "resnet8", "resnet18")
@@ -167,76 +149,26 @@ def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> in
     return 2 if cohort_size % 2 == 0 else 1
 
 
-def leash_task(classifier: models.Classifier, dataset: FederatedDataset) -> LeashTask:
-    """FedWalk's leash task on the server's data (``dataset.server``): a head with one output per leash label."""
-    return LeashTask(classifier, int(dataset.server["y"].max()) + 1)
-
-
-def leash_key(seed: int) -> jax.Array:
-    """The key of FedWalk's set-up outside the rounds: it initialises the leash head, and ``fold_in(key, 1)``
-    draws the pre-training batches."""
-    return jax.random.fold_in(randomness.init_key(randomness.base_key(seed)), randomness.Purpose.LEASH)
+def is_reference(config: Config) -> bool:
+    """Whether ``algorithm.name`` is a reference run (centralised, or server data only), not FL."""
+    return registry.REGISTRY[config.algorithm.name].reference
 
 
 def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
-    """The FL algorithm of ``config.algorithm``, with FedWalk's leash when ``algorithm.fedwalk`` asks for it."""
-    algorithm = build_base_algorithm(config, classifier, dataset)
-    walk = config.algorithm.fedwalk
-    if walk is None or walk.mode != "leash":
-        return algorithm
-    return fedwalk(algorithm, leash_task(classifier, dataset), leash_key(config.seed), walk.tau, walk.beta,
-                   walk.learning_rate or config.client.learning_rate, walk.momentum, walk.steps, walk.batch_size,
-                   walk.leash_loss_examples, walk.client_loss)
-
-
-def build_pretraining(config: Config, classifier: models.Classifier, dataset: FederatedDataset):
-    """``prepare(params, inputs) -> (params, leash_head)``: leash steps before FL (FedWalk's pre-training ablation,
-    or a pre-trained start for FedWalk itself), or ``None`` when the config asks for none."""
-    walk = config.algorithm.fedwalk
-    if walk is None or (walk.mode == "leash" and walk.pretrain_steps is None):
-        return None
-    leash = leash_task(classifier, dataset)
-    steps = walk.pretrain_steps or config.rounds.num_rounds * walk.steps
-    rate = walk.learning_rate or config.client.learning_rate
-
-    @jax.jit
-    def prepare(params, inputs: RoundInputs):
-        return pretrain_on_leash(leash, params, leash_key(config.seed), inputs.server_arrays,
-                                 jax.random.fold_in(leash_key(config.seed), 1), steps, rate, walk.momentum,
-                                 walk.batch_size)
-
-    return prepare
-
-
-def build_base_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
-    """The FL algorithm of ``config.algorithm.name``.
-
-    Raises:
-      ConfigError: a server optimiser given to a method with its own server step (feddyn, fedexp).
-    """
-    a, loss = config.algorithm, classifier.loss
-    client_opt, schedule = build_client_optimizer(config), build_schedule(config, dataset)
-    if a.name in ("feddyn", "fedexp") and a.server_optimizer != "default":
-        raise ConfigError(f"algorithm.server_optimizer: {a.name} has its own server step; leave it 'default'")
-    server_opt = build_server_optimizer(config)
-    if a.name == "fedprox":
-        return fedprox(loss, client_opt, server_opt, schedule, a.mu, a.weighting)
-    if a.name == "scaffold":
-        return scaffold(loss, client_opt, server_opt, schedule, config.client.learning_rate, dataset.num_clients,
-                        a.option, a.control_average, a.weighting, a.correction)
-    if a.name == "fednova":
-        return fednova(loss, client_opt, server_opt, schedule, config.client.momentum, a.weighting)
-    if a.name == "feddyn":
-        return feddyn(loss, client_opt, schedule, a.alpha, dataset.num_clients, a.weighting)
-    if a.name == "fedexp":
-        return fedexp(loss, client_opt, schedule, a.epsilon)
-    if a.name == "fedsam":
-        return fedsam(loss, client_opt, server_opt, schedule, a.rho, a.weighting)
-    if a.name == "moon":
-        return moon(classifier, client_opt, server_opt, schedule, a.mu, a.temperature, a.weighting)
-    if a.name == "feddecorr":
-        return feddecorr(classifier, client_opt, server_opt, schedule, a.beta, a.weighting)
-    return fedavg(loss, client_opt, server_opt, schedule, a.weighting)
+    """The algorithm of ``config.algorithm``: the FedAvg round with the components of the base method and of the
+    component plug-ins, in the order listed, then wrapped by the wrapper plug-ins, in the order listed
+    (``fedjax_lab/methods/registry.py``)."""
+    context = registry.BuildContext(config, classifier, dataset, build_client_optimizer(config),
+                                    build_schedule(config, dataset))
+    a = config.algorithm
+    entries = [(registry.REGISTRY[m.name], m) for m in (a, *a.plugins)]
+    components = [c for spec, m in entries if not spec.wrapper for c in spec.load_builder()(m, context)]
+    algorithm = fedavg(classifier, context.client_optimizer, build_server_optimizer(config), context.schedule,
+                       *components, weighting=a.weighting)
+    for spec, m in entries:
+        if spec.wrapper:
+            algorithm = spec.load_builder()(m, context)(algorithm)
+    return algorithm
 
 
 @dataclasses.dataclass
@@ -251,19 +183,12 @@ class Experiment:
     inputs: RoundInputs
     evaluator: Evaluator
     run_rounds: Any
-    prepare: Any = None
 
     def initial_state(self) -> LoopState:
-        """The loop state before round 0; the model is initialised from the run's seed (and pre-trained on the
-        leash, for FedWalk's pre-training ablation)."""
+        """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
+        ``server_init`` may move it further, as FedWalk's pre-training does)."""
         params = self.classifier.init(randomness.init_key(self.inputs.key))
-        if self.prepare is None:
-            return init_loop_state(self.algorithm, params, self.dataset.num_clients)
-        params, leash_head = self.prepare(params, self.inputs)
-        state = init_loop_state(self.algorithm, params, self.dataset.num_clients)
-        if isinstance(state.server_state, FedWalkState):  # FedWalk goes on with the pre-trained leash head
-            state = state._replace(server_state=state.server_state._replace(leash_head=leash_head))
-        return state
+        return init_loop_state(self.algorithm, params, self.dataset.num_clients)
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, when configured) of the global model."""
@@ -277,16 +202,16 @@ def build_experiment(config: Config) -> Experiment:
       ConfigError: when the data and the config disagree (e.g. a cohort larger than the population).
     """
     dataset = build_dataset(config)
-    if config.algorithm.name in REFERENCES:
+    if is_reference(config):
         dataset = reference_view(dataset, config.algorithm.name)
-    if config.rounds.clients_per_round > dataset.num_clients and config.algorithm.name not in REFERENCES:
+    if config.rounds.clients_per_round > dataset.num_clients and not is_reference(config):
         raise ConfigError(f"rounds.clients_per_round must be <= the number of clients ({dataset.num_clients}), "
                           f"got {config.rounds.clients_per_round}")
     classifier = build_classifier(config, dataset)
     algorithm = build_algorithm(config, classifier, dataset)
     chunk_size = config.rounds.chunk_size or default_chunk_size(config.rounds.clients_per_round,
                                                                  jax.default_backend(), config.model.name)
-    cohort = 1 if config.algorithm.name in REFERENCES else config.rounds.clients_per_round
+    cohort = 1 if is_reference(config) else config.rounds.clients_per_round
     plan = CohortPlan(dataset.num_clients, cohort, 1 if cohort == 1 else chunk_size)
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),
@@ -300,4 +225,4 @@ def build_experiment(config: Config) -> Experiment:
                           dataset.client_test_ids if per_client else None,
                           dataset.client_test_counts if per_client else None)
     return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm, plan), build_pretraining(config, classifier, dataset))
+                      make_run_rounds(algorithm, plan))

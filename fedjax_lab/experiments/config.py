@@ -12,15 +12,17 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validator
+
+from fedjax_lab.methods import registry
 
 
 class ConfigError(ValueError):
     """A configuration is invalid; the message lists every problem, one per line, by dotted field name."""
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Section(registry.Fields):
+    """A config section: unknown keys are errors and floats must be finite."""
 
 
 # ----------------------------------------------------------------------------------------------- datasets
@@ -176,64 +178,8 @@ class ClientConfig(Section):
         return self
 
 
-class AlgorithmConfig(Section):
-    """The method. The FedAvg family is FedAvg with a server optimiser (Reddi et al. 2021); the baselines of
-    ``fedjax_lab/methods`` take their own fields, and ``server_optimizer`` composes a client-side method with a
-    server optimiser (e.g. ``name: fedprox, server_optimizer: adam`` is FedProx + FedAdam)."""
-
-    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova",
-                  "feddyn", "fedexp", "fedsam", "moon", "feddecorr", "centralized", "server_only"]
-    server_optimizer: Literal["default", "sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"] = Field(
-        "default", description="default: what the name implies (sgd for the baselines); momentum_fedcog: FedCOG's "
-                               "code variant of FedAvgM (x - v / (1 + beta))")
-    server_learning_rate: PositiveFloat = 1.0
-    server_momentum: float = Field(0.9, ge=0, lt=1, description="fedavgm / server_optimizer=momentum")
-    beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")
-    beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
-    tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
-    weighting: Literal["num_examples", "uniform"] = "num_examples"
-    mu: float = Field(0.01, ge=0, description="fedprox: proximal weight; moon: contrastive weight (MOON's paper "
-                                                   "uses 5 on CIFAR-10, FedCOG's baseline 0.01)")
-    temperature: PositiveFloat = Field(0.5, description="moon")
-    beta: float = Field(0.1, ge=0, description="feddecorr: decorrelation weight")
-    option: Literal["I", "II"] = Field("II", description="scaffold: control update")
-    control_average: Literal["all", "cohort"] = Field("all", description="scaffold: divide control deltas by N or |S|")
-    correction: Literal["after_step", "through_optimizer"] = Field(
-        "after_step", description="scaffold: apply -eta (c - c_k) after the optimiser step, or add c - c_k to the "
-                                  "gradient before it (amplified by client momentum)")
-    alpha: float = Field(0.01, ge=0, description="feddyn: regularisation weight")
-    epsilon: PositiveFloat = Field(1e-3, description="fedexp: step-size denominator offset")
-    rho: float = Field(0.05, ge=0, description="fedsam: perturbation radius")
-    fedwalk: FedWalkConfig | None = Field(None, description="adds FedWalk's leash to the method ('X + FedWalk')")
-
-
-class FedWalkConfig(Section):
-    """FedWalk's leash on top of ``algorithm.name`` (``fedjax_lab/methods/fedwalk.py``); the leash set is
-    ``dataset.server_data``."""
-
-    mode: Literal["leash", "pretrain"] = Field("leash", description="pretrain: the ablation's leash training "
-                                                                    "before FL, then no leash during FL")
-    tau: float = Field(0.5, description="LLR threshold: the leash trains while log2(Lc/Ls) < tau (-.inf: never)")
-    beta: float = Field(0.9, ge=0, lt=1, description="momentum of the client-loss EMA Lc")
-    steps: PositiveInt = Field(1, description="T_s: leash SGD steps when the gate opens")
-    batch_size: PositiveInt = Field(64, description="B_s: leash batch size")
-    learning_rate: PositiveFloat | None = Field(None, description="gamma; default client.learning_rate")
-    momentum: float = Field(0.0, ge=0, lt=1, description="leash SGD momentum (the paper: none)")
-    client_loss: Literal["final", "train"] = Field(
-        "final", description="L_k: the final local model's loss on client_loss_examples of the client's data, "
-                             "or the mean loss of its training steps")
-    client_loss_examples: PositiveInt = Field(256, description="sample size of L_k (all, for smaller clients)")
-    leash_loss_examples: PositiveInt = Field(512, description="sample size of Ls (all, for a smaller leash set)")
-    pretrain_steps: PositiveInt | None = Field(None, description="leash steps before FL. mode pretrain: default "
-                                                                 "rounds.num_rounds * steps; mode leash: default "
-                                                                 "none, else FedWalk starts from the pre-trained "
-                                                                 "model and leash head")
-
-    @model_validator(mode="after")
-    def _tau_is_a_number(self):
-        if self.tau != self.tau:
-            raise ValueError("algorithm.fedwalk.tau must be a number (.inf and -.inf are allowed), got nan")
-        return self
+AlgorithmConfig = registry.algorithm_union()
+"""``algorithm``: a registered base method's config, chosen by ``name`` (``fedjax_lab/methods/registry.py``)."""
 
 
 class RoundsConfig(Section):
@@ -284,14 +230,18 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _leash_has_data(self):
-        if self.algorithm.fedwalk is None:
-            return self
-        if getattr(self.dataset, "server_data", None) is None:
-            raise ValueError("algorithm.fedwalk needs a leash set: set dataset.server_data (an image dataset's "
-                             "data held by the server)")
-        if self.algorithm.name in ("centralized", "server_only"):
-            raise ValueError(f"algorithm.fedwalk cannot wrap the reference run {self.algorithm.name!r}")
+    def _methods_fit(self):
+        a = self.algorithm
+        names = [a.name] + [p.name for p in a.plugins]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"algorithm.plugins: each method may appear once, got {repeated} more than once")
+        if registry.REGISTRY[a.name].reference and a.plugins:
+            raise ValueError(f"algorithm.plugins: the reference run {a.name!r} takes no plug-ins")
+        for name in names:
+            if registry.REGISTRY[name].needs_server_data and getattr(self.dataset, "server_data", None) is None:
+                raise ValueError(f"algorithm: {name} needs data held by the server: set dataset.server_data (an "
+                                 "image dataset's data held by the server)")
         return self
 
 
@@ -304,28 +254,52 @@ def _allowed_keys(model: type[BaseModel] | None) -> list[str]:
     return sorted(model.model_fields) if model is not None else []
 
 
+def _is_tag(part: Any) -> bool:
+    """Whether a location part is the tag of a tagged union (a dataset or method name), not a field."""
+    return isinstance(part, str) and (part in _DATASETS or part in registry.REGISTRY)
+
+
 def _section_model(loc: tuple) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for suggestions on misspelt keys)."""
     model: Any = Config
-    for part in loc[:-1]:
+    for i, part in enumerate(loc[:-1]):
         if part in _DATASETS:
             model = _DATASETS[part]
             continue
-        field = model.model_fields.get(part) if model is not None else None
+        if isinstance(part, str) and part in registry.REGISTRY:
+            spec = registry.REGISTRY[part]
+            model = registry.plugin_config(spec) if "plugins" in loc[:i] else spec.config
+            continue
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
         annotation = field.annotation if field is not None else None
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return model
 
 
+def _unknown_key(error: dict, path: str, key: str) -> str:
+    allowed = _allowed_keys(_section_model(error["loc"]))
+    method = next((p for p in reversed(error["loc"][:-1]) if isinstance(p, str) and p in registry.REGISTRY), None)
+    if method is not None:
+        others = [m for m in registry.owners(key) if m != method]
+        whose = f" (it is a field of {', '.join(others)})" if others else ""
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close and not others else ""
+        return f"{path}: {method} has no field {key!r}{whose}{hint}; {method}'s fields: {', '.join(allowed)}"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{path}: unknown key{hint} (allowed: {', '.join(allowed)})" if allowed else f"{path}: unknown key"
+
+
 def _format_error(error: dict) -> str:
-    loc = tuple(p for p in error["loc"] if p not in _DATASETS)
+    loc = tuple(p for p in error["loc"] if not _is_tag(p))
     path = ".".join(str(p) for p in loc) or "<config>"
     kind = error["type"]
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(_section_model(error["loc"]))
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{path}: unknown key{hint} (allowed: {', '.join(allowed)})" if allowed else f"{path}: unknown key"
+        return _unknown_key(error, path, str(loc[-1]))
+    if kind == "bool_for_number":
+        return f"{path + '.' if loc else ''}{error['msg']}"
+    if kind == "finite_number":
+        return f"{path}: must be a finite number, got {error.get('input')!r}"
     if kind == "union_tag_invalid":
         return f"{path}.name: unknown name {error['ctx']['tag']!r}; allowed: {error['ctx']['expected_tags']}"
     if kind == "union_tag_not_found":
@@ -347,19 +321,47 @@ def validate(raw: dict) -> Config:
 
 
 def apply_override(raw: dict, override: str) -> dict:
-    """Sets ``a.b.c=value`` in a nested dict; ``value`` is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``)."""
+    """Sets ``a.b.c=value`` in a nested dict; ``value`` is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``). In a
+    list, a key is an index or the ``name`` of an entry: ``algorithm.plugins.fedwalk.tau=1``."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like dotted.key=value")
     path, _, text = override.partition("=")
     keys = path.strip().split(".")
-    node = raw
+    node: Any = raw
     for key in keys[:-1]:
+        if isinstance(node, list):
+            node = _list_entry(node, key, override)
+            continue
         child = node.setdefault(key, {})
-        if not isinstance(child, dict):
+        if not isinstance(child, (dict, list)):
             raise ConfigError(f"override {override!r}: {key!r} is a value, not a section")
         node = child
-    node[keys[-1]] = yaml.safe_load(text)
+    if isinstance(node, list):
+        raise ConfigError(f"override {override!r}: set a whole list as {'.'.join(keys[:-1])}=[...]")
+    try:
+        node[keys[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
     return raw
+
+
+def _list_entry(entries: list, key: str, override: str) -> dict:
+    """The entry of a list named by an override's key: an index, or the entry whose ``name`` is ``key``."""
+    if key.isdigit() and int(key) < len(entries):
+        return entries[int(key)]
+    named = [e for e in entries if isinstance(e, dict) and e.get("name") == key]
+    if not named:
+        names = [e.get("name") for e in entries if isinstance(e, dict)]
+        raise ConfigError(f"override {override!r}: no entry {key!r} in the list (its entries: {names}; add one "
+                          f"with the whole list, e.g. ...=[{{name: {key}}}])")
+    return named[0]
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong, and where (1-based line and column)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def deep_merge(base: dict, changes: dict) -> dict:
@@ -378,7 +380,10 @@ def read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     if path.resolve() in seen:
         raise ConfigError(f"config file {str(path)!r} extends itself (through {[str(p) for p in seen]})")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     parent = raw.pop("extends", None)

@@ -1,6 +1,6 @@
-"""FL methods, one per file, each an :class:`fedjax_lab.engine.Algorithm` built from the engine's pieces."""
+"""FL methods, one per file, each the components it adds to the FedAvg round (or a plug-in wrapping any method),
+registered with its config in :mod:`fedjax_lab.methods.registry`.
 
-from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.methods.server_optimizers import fedavg_server, fedavgm_server, reddi_server, scale_by_reddi
-
-__all__ = ["fedavg", "fedavg_server", "fedavgm_server", "reddi_server", "scale_by_reddi"]
+Importing this package imports no JAX (the registry validates configs without it); import the method modules
+themselves, e.g. ``from fedjax_lab.methods.fedavg import fedavg``.
+"""

@@ -1,8 +1,10 @@
-"""FedAvg with a server optimiser: FedAvg, FedAvgM, FedAdam, FedYogi and FedAdagrad are configurations.
+"""FedAvg with a server optimiser, and the round every component-built method shares.
 
 Each sampled client k starts from the global model x_t, runs local optimisation on its data and sends
 ``Delta_k = y_k - x_t``. The server forms ``Delta_t = sum_k w_k Delta_k / sum_k w_k`` (``w_k = n_k`` or 1)
-and applies its optimiser to the pseudo-gradient ``-Delta_t``.
+and applies its optimiser to the pseudo-gradient ``-Delta_t``. FedAvg, FedAvgM, FedAdam, FedYogi and FedAdagrad
+are this round with different server optimisers; FedProx, SCAFFOLD, FedNova, MOON and the rest are this round with
+:class:`~fedjax_lab.engine.components.Component` s added, so they combine by listing them.
 
 References:
   McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
@@ -11,86 +13,125 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import optax
 
 from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
-from fedjax_lab.engine.local_training import LocalSchedule, train_locally
+from fedjax_lab.engine.components import (
+    Component,
+    LocalResult,
+    ServerView,
+    check_components,
+    client_views,
+    local_hooks,
+)
+from fedjax_lab.engine.local_training import LocalSchedule, first_step_rate, train_locally
 from fedjax_lab.engine.tree_math import tree_add, tree_scale, tree_sub
-from fedjax_lab.engine.types import Algorithm, LossFn, Params
+from fedjax_lab.engine.types import Algorithm, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
 class ServerState(NamedTuple):
-    """The global model and the server optimiser's state."""
+    """The global model, the server optimiser's state and each component's server state (by name)."""
 
     params: Params
     opt_state: optax.OptState
+    components: dict[str, Any] = {}
 
 
-def apply_server_optimizer(server_optimizer: optax.GradientTransformation, state: ServerState,
-                           mean_delta: Params) -> ServerState:
+def apply_server_optimizer(server_optimizer: optax.GradientTransformation, params: Params,
+                           opt_state: optax.OptState, mean_delta: Params) -> tuple[Params, optax.OptState]:
     """Steps the server optimiser on the pseudo-gradient ``-mean_delta`` of the trainable variables; model
     state (BatchNorm statistics) moves by its mean delta, i.e. becomes the weighted mean of the clients'."""
-    params, model_state = split_variables(state.params)
+    trainable, model_state = split_variables(params)
     delta_params, delta_model_state = split_variables(mean_delta)
-    updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), state.opt_state, params)
-    new_variables = merge_variables(optax.apply_updates(params, updates), tree_add(model_state, delta_model_state),
-                                    state.params)
-    return ServerState(new_variables, opt_state)
-
-
-def init_server_state(server_optimizer: optax.GradientTransformation, variables: Params) -> ServerState:
-    """The global model and a fresh server optimiser state over its trainable part."""
-    return ServerState(variables, server_optimizer.init(split_variables(variables)[0]))
-
-
-def local_delta(variables: Params, loss_fn: LossFn, optimizer: optax.GradientTransformation, client, arrays,
-                key, schedule: LocalSchedule, **train_kwargs) -> tuple[Params, dict]:
-    """Trains one client from ``variables`` and returns ``(y_k - x_t, metrics)``; the metrics hold
-    ``final_loss`` when the schedule probes the final model (see :func:`train_locally`)."""
-    trained, stats = train_locally(variables, loss_fn, optimizer, client, arrays, key, schedule, **train_kwargs)
-    metrics = {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
-    if schedule.probe_examples:
-        metrics["final_loss"] = stats.final_loss
-    return tree_sub(trained, variables), metrics
+    updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), opt_state, trainable)
+    return merge_variables(optax.apply_updates(trainable, updates), tree_add(model_state, delta_model_state),
+                           params), opt_state
 
 
 def fedavg(
-    loss_fn: LossFn,
+    task: Any,
     client_optimizer: optax.GradientTransformation,
     server_optimizer: optax.GradientTransformation,
     schedule: LocalSchedule,
+    *components: Component,
     weighting: Weighting = "num_examples",
 ) -> Algorithm:
-    """Builds FedAvg with a server optimiser.
+    """Builds FedAvg with a server optimiser, changed by ``components`` (FedProx, SCAFFOLD, ...).
 
     Args:
-      loss_fn: ``(variables, batch, key) -> (loss, model_state)`` minimised locally.
+      task: the clients' objective, a ``LossFn`` or a :class:`~fedjax_lab.models.Classifier` (components that
+        read the representation need the latter).
       client_optimizer: the clients' optax optimiser (its state is reset every round).
       server_optimizer: applied to ``-Delta_t``; see :mod:`fedjax_lab.methods.server_optimizers`.
       schedule: local steps or epochs, and the batch size.
+      *components: the methods' changes to the round, applied in the order given.
       weighting: ``'num_examples'`` (``w_k = n_k``) or ``'uniform'``.
 
     Example::
 
-      algorithm = fedavg(loss_fn, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(10, local_steps=5))
+      fedprox_and_moon = fedavg(classifier, optax.sgd(0.01), fedavg_server(), LocalSchedule(64, local_steps=10),
+                                proximal(mu=0.01), contrastive(classifier, mu=5.0))
     """
+    check_components(components)
 
     def server_init(params):
-        return init_server_state(server_optimizer, params)
+        states = {c.name: c.server_init(params) for c in components if c.server_init is not None}
+        return ServerState(params, server_optimizer.init(split_variables(params)[0]), states)
+
+    def client_init(server_state):
+        return {c.name: c.client_init(server_state.params) for c in components if c.client_init is not None}
 
     def client_update(server_state, client_state, client, arrays, key):
-        delta, metrics = local_delta(server_state.params, loss_fn, client_optimizer, client, arrays, key, schedule)
-        return delta, client_state, metrics
+        x = server_state.params
+        views = client_views(components, x, server_state.components, client_state, client, arrays, key,
+                             first_step_rate(client_optimizer))
+        trained, stats = train_locally(x, task, client_optimizer, client, arrays, key, schedule,
+                                       local_hooks(components, views))
+        result = LocalResult(trained, tree_sub(trained, x), stats)
+        message, new_state = {"delta": result.delta}, {}
+        for c, view in zip(components, views):
+            if c.finish is not None:
+                part, state = c.finish(view, result)
+                if part is not None:
+                    message[c.name] = part
+                if c.client_init is not None:
+                    new_state[c.name] = state
+        return message, new_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
 
-    def server_update(server_state, deltas, cohort, context):
-        del context
-        mean_delta = weighted_mean(deltas, cohort_weights(cohort, weighting))
-        update_norm = optax.global_norm(mean_delta)
-        return apply_server_optimizer(server_optimizer, server_state, mean_delta), {"update_norm": update_norm}
+    def server_update(server_state, messages, cohort, context):
+        weights = cohort_weights(cohort, weighting)
+        mean_delta = weighted_mean(messages["delta"], weights)
+        metrics = {}
 
-    return Algorithm(server_init=server_init, client_init=lambda server_state: (),
-                     client_update=client_update, server_update=server_update,
-                     model_params=lambda server_state: server_state.params)
+        def view(c):
+            return ServerView(server_state.components.get(c.name, ()), messages, weights, cohort, context,
+                              server_state.params)
+
+        for c in components:
+            if c.aggregate is not None:
+                mean_delta, m = c.aggregate(view(c), mean_delta)
+                metrics.update(m)
+        params, opt_state = apply_server_optimizer(server_optimizer, server_state.params, server_state.opt_state,
+                                                   mean_delta)
+        states = dict(server_state.components)
+        for c in components:
+            if c.after_step is not None:
+                states[c.name], params, m = c.after_step(view(c), params)
+                metrics.update(m)
+        metrics["update_norm"] = optax.global_norm(mean_delta)
+        return ServerState(params, opt_state, states), metrics
+
+    def with_components(*more: Component) -> Algorithm:
+        return fedavg(task, client_optimizer, server_optimizer, schedule, *components, *more, weighting=weighting)
+
+    return Algorithm(server_init=server_init, client_init=client_init, client_update=client_update,
+                     server_update=server_update, model_params=lambda server_state: server_state.params,
+                     with_components=with_components)
+
+
+def build(config, context) -> tuple[Component, ...]:
+    """The components of ``algorithm.name: fedavg`` (or of a ``fedavg`` plug-in); see ``methods/registry.py``."""
+    return ()

@@ -1,6 +1,6 @@
-"""FedDecorr: FedAvg whose clients penalise dimensional collapse of the representation,
-``beta * ||K||_F^2 / d^2`` with ``K`` the correlation matrix of the batch's ``d``-dimensional features
-(standardised over the batch). ``beta = 0`` is FedAvg.
+"""FedDecorr: clients penalise dimensional collapse of the representation, ``beta * ||K||_F^2 / d^2`` with ``K``
+the correlation matrix of the batch's ``d``-dimensional features (standardised over the batch). ``beta = 0`` is
+FedAvg.
 
 The official code normalises differently from the paper's formula (their ``beta`` differs by about the batch
 size; see ``docs/baselines.md``); this is the paper's form.
@@ -13,13 +13,8 @@ References:
 from __future__ import annotations
 
 import jax.numpy as jnp
-import optax
 
-from fedjax_lab.engine.aggregation import Weighting
-from fedjax_lab.engine.local_training import LocalSchedule
-from fedjax_lab.engine.types import Algorithm
-from fedjax_lab.methods.fedavg import fedavg, local_delta
-from fedjax_lab.models.tasks import Classifier
+from fedjax_lab.engine.components import Component
 
 
 def decorrelation(features, mask) -> jnp.ndarray:
@@ -35,16 +30,15 @@ def decorrelation(features, mask) -> jnp.ndarray:
     return jnp.sum(correlation**2) / z.shape[1] ** 2
 
 
-def feddecorr(classifier: Classifier, client_optimizer: optax.GradientTransformation,
-              server_optimizer: optax.GradientTransformation, schedule: LocalSchedule, beta: float = 0.1,
-              weighting: Weighting = "num_examples") -> Algorithm:
-    """Builds FedDecorr on top of FedAvg (any server optimiser)."""
-    base = fedavg(classifier.loss, client_optimizer, server_optimizer, schedule, weighting)
-    loss = classifier.loss_with(lambda features, inputs, mask: beta * decorrelation(features, mask))
+def decorrelated(beta: float) -> Component:
+    """FedDecorr's change to the round: ``beta`` times the decorrelation penalty of each batch's features."""
 
-    def client_update(server_state, client_state, client, arrays, key):
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
-                                     task_loss=classifier.loss)
-        return delta, client_state, metrics
+    def loss_term(view):
+        return lambda variables, batch, forward: beta * decorrelation(forward.features, batch["mask"])
 
-    return base._replace(client_update=client_update)
+    return Component("feddecorr", loss_term=loss_term, needs_features=True)
+
+
+def build(config, context) -> tuple[Component, ...]:
+    """The components of ``algorithm.name: feddecorr`` (or of a ``feddecorr`` plug-in); see ``methods/registry.py``."""
+    return (decorrelated(config.beta),)

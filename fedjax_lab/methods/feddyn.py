@@ -1,6 +1,7 @@
 """FedDyn: dynamic regularisation. Client k minimises ``f_k(w) - <g_k, w> + alpha/2 ||w - x||^2`` and then
 updates its state ``g_k <- g_k - alpha (y_k - x)``. The server keeps ``h <- h - alpha / N sum_{k in S} (y_k - x)``
-and sets ``x+ = mean_{k in S} y_k - h / alpha``. With ``alpha = 0`` it is FedAvg.
+and sets ``x+ = mean_{k in S} y_k - h / alpha`` (with the default server step, ``x + mean Delta_k``). With
+``alpha = 0`` it is FedAvg. The paper averages the cohort uniformly (``weighting: uniform``, the default).
 
 References:
   Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1.
@@ -8,64 +9,50 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
-import optax
 
-from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
-from fedjax_lab.engine.local_training import LocalSchedule
-from fedjax_lab.engine.tree_math import tree_add, tree_scale, tree_sub, tree_zeros_like
-from fedjax_lab.engine.types import Algorithm, LossFn, Params
+from fedjax_lab.engine.components import Component
+from fedjax_lab.engine.tree_math import tree_scale, tree_sub, tree_zeros_like
 from fedjax_lab.engine.variables import merge_variables, split_variables
-from fedjax_lab.methods.fedavg import local_delta
-from fedjax_lab.methods.fedprox import proximal_loss
+from fedjax_lab.methods.fedprox import proximal_term
 
 
-class FedDynState(NamedTuple):
-    """The global model and the server's drift accumulator ``h``."""
+def linear_term(g):
+    """``-<g, w>`` over the trainable parameters ``w`` (FedDyn's linear term)."""
 
-    params: Params
-    h: Params
+    def term(variables, batch, forward):
+        leaves = zip(jax.tree.leaves(split_variables(variables)[0]), jax.tree.leaves(g))
+        return -sum(jnp.vdot(a, b) for a, b in leaves)
 
-
-def linear_penalty(loss_fn: LossFn, g: Params) -> LossFn:
-    """``loss_fn - <g, params>`` (FedDyn's linear term)."""
-
-    def loss(variables, batch, key):
-        value, model_state = loss_fn(variables, batch, key)
-        inner = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(split_variables(variables)[0]), jax.tree.leaves(g)))
-        return value - inner, model_state
-
-    return loss
+    return term
 
 
-def feddyn(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, schedule: LocalSchedule, alpha: float,
-           num_clients: int, weighting: Weighting = "uniform") -> Algorithm:
-    """Builds FedDyn (uniform cohort mean by default, as in the paper)."""
+def dynamic_regularization(alpha: float) -> Component:
+    """FedDyn's change to the round: the linear and proximal terms, the clients' ``g_k`` and the server's ``h``."""
+    def zeros(params):
+        return tree_zeros_like(split_variables(params)[0])
 
-    def server_init(params):
-        return FedDynState(params, tree_zeros_like(split_variables(params)[0]))
+    def loss_term(view):
+        linear, proximal = linear_term(view.state), proximal_term(view.global_variables, alpha)
+        return lambda variables, batch, forward: linear(variables, batch, forward) + proximal(variables, batch,
+                                                                                               forward)
 
-    def client_init(server_state):
-        return tree_zeros_like(server_state.h)
+    def finish(view, result):
+        return None, tree_sub(view.state, tree_scale(split_variables(result.delta)[0], alpha))
 
-    def client_update(server_state, g, client, arrays, key):
-        loss = proximal_loss(linear_penalty(loss_fn, g), server_state.params, alpha)
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
-                                     task_loss=loss_fn)
-        return delta, tree_sub(g, tree_scale(split_variables(delta)[0], alpha)), metrics
+    def after_step(view, variables):
+        if not alpha:
+            return view.state, variables, {}
+        drift_sum = jax.tree.map(lambda d: jnp.sum(d, 0), split_variables(view.messages["delta"])[0])
+        h = tree_sub(view.state, tree_scale(drift_sum, alpha / view.context.num_clients))
+        params, model_state = split_variables(variables)
+        return h, merge_variables(tree_sub(params, tree_scale(h, 1.0 / alpha)), model_state, variables), {}
 
-    def server_update(server_state, deltas, cohort, context):
-        mean_delta = weighted_mean(deltas, cohort_weights(cohort, weighting))
-        params, model_state = split_variables(tree_add(server_state.params, mean_delta))
-        h = server_state.h
-        if alpha:
-            drift_sum = jax.tree.map(lambda d: jnp.sum(d, 0), split_variables(deltas)[0])
-            h = tree_sub(h, tree_scale(drift_sum, alpha / num_clients))
-            params = tree_sub(params, tree_scale(h, 1.0 / alpha))
-        return (FedDynState(merge_variables(params, model_state, server_state.params), h),
-                {"update_norm": optax.global_norm(mean_delta)})
+    return Component("feddyn", client_init=zeros, loss_term=loss_term, finish=finish, server_init=zeros,
+                     after_step=after_step)
 
-    return Algorithm(server_init, client_init, client_update, server_update, lambda s: s.params)
+
+def build(config, context) -> tuple[Component, ...]:
+    """The components of ``algorithm.name: feddyn`` (or of a ``feddyn`` plug-in); see ``methods/registry.py``."""
+    return (dynamic_regularization(config.alpha),)

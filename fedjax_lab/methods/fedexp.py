@@ -1,7 +1,9 @@
-"""FedExP: FedAvg with an adaptive, extrapolating server step size.
+"""FedExP: an adaptive, extrapolating server step size.
 
 ``eta_g = max(1, sum_{k in S} ||Delta_k||^2 / (2 |S| (||Delta_bar||^2 + eps)))`` with ``Delta_bar`` the uniform
-mean, then ``x+ = x + eta_g Delta_bar``. The step is never below FedAvg's.
+mean, then ``x+ = x + eta_g Delta_bar`` (the server optimiser steps on ``eta_g Delta_bar``; with the default
+``sgd(1)`` exactly this). The step is never below FedAvg's. The paper averages uniformly (``weighting: uniform``,
+the default); model state (BatchNorm statistics) is averaged, not extrapolated.
 
 References:
   Jhunjhunwala et al., "FedExP: Speeding Up Federated Averaging via Extrapolation", ICLR 2023, Eq. (9).
@@ -11,13 +13,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from fedjax_lab.engine.local_training import LocalSchedule
-from fedjax_lab.engine.tree_math import tree_add, tree_scale
-from fedjax_lab.engine.types import Algorithm, LossFn
+from fedjax_lab.engine.components import Component
+from fedjax_lab.engine.tree_math import tree_scale
 from fedjax_lab.engine.variables import merge_variables, split_variables
-from fedjax_lab.methods.fedavg import fedavg
 
 
 def extrapolation_step(deltas, epsilon: float) -> jax.Array:
@@ -29,18 +28,17 @@ def extrapolation_step(deltas, epsilon: float) -> jax.Array:
     return jnp.maximum(1.0, jnp.sum(per_client) / (2 * m * (mean_sq + epsilon)))
 
 
-def fedexp(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, schedule: LocalSchedule,
-           epsilon: float = 1e-3) -> Algorithm:
-    """Builds FedExP (uniform weights, as in the paper)."""
-    base = fedavg(loss_fn, client_optimizer, optax.sgd(1.0), schedule, "uniform")
+def extrapolation(epsilon: float = 1e-3) -> Component:
+    """FedExP's change to the round: the averaged delta's trainable part is scaled by ``eta_g``."""
 
-    def server_update(server_state, deltas, cohort, context):
-        eta = extrapolation_step(deltas, epsilon)
-        mean = jax.tree.map(lambda d: jnp.mean(d, 0), deltas)
-        d_params, d_state = split_variables(mean)
-        params, model_state = split_variables(server_state.params)
-        new = merge_variables(tree_add(params, tree_scale(d_params, eta)), tree_add(model_state, d_state),
-                              server_state.params)
-        return server_state._replace(params=new), {"update_norm": optax.global_norm(mean), "server_step": eta}
+    def aggregate(view, mean_delta):
+        eta = extrapolation_step(view.messages["delta"], epsilon)
+        params, model_state = split_variables(mean_delta)
+        return merge_variables(tree_scale(params, eta), model_state, mean_delta), {"server_step": eta}
 
-    return base._replace(server_update=server_update)
+    return Component("fedexp", aggregate=aggregate)
+
+
+def build(config, context) -> tuple[Component, ...]:
+    """The components of ``algorithm.name: fedexp`` (or of a ``fedexp`` plug-in); see ``methods/registry.py``."""
+    return (extrapolation(config.epsilon),)

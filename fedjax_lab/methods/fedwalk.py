@@ -21,6 +21,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import flax.linen as nn
@@ -29,8 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_lab.engine.local_training import gather_batch
-from fedjax_lab.engine.randomness import Purpose
+from fedjax_lab.engine import randomness
+from fedjax_lab.engine.components import Component, component_key
+from fedjax_lab.engine.local_training import gather_batch, sample_client_batch
 from fedjax_lab.engine.types import Algorithm, Arrays, Params, ServerState
 from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.models.tasks import Classifier, masked_mean
@@ -42,10 +44,14 @@ UNMEASURED_LEASH_LOSS = float(np.finfo(np.float32).max)
 @dataclasses.dataclass(frozen=True)
 class LeashTask:
     """The server's public task: the classifier's features, a leash head of ``num_classes`` outputs, and
-    softmax cross-entropy on the leash labels."""
+    softmax cross-entropy on the leash labels. The leash batches are not augmented: the clients' augmentation
+    (crop, flip, feature-skew noise) belongs to their data, not the server's."""
 
     classifier: Classifier
     num_classes: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "classifier", dataclasses.replace(self.classifier, augment=None))
 
     @property
     def head_module(self) -> nn.Module:
@@ -128,13 +134,30 @@ class FedWalkState(NamedTuple):
     leash_steps_taken: jax.Array
 
 
+def client_loss_report(classifier: Classifier, client_loss: Literal["final", "train"] = "final",
+                       num_examples: int = 256) -> Component:
+    """The clients' side of FedWalk: each sends ``L_k``, the evaluation-mode loss of its final local model on
+    ``min(num_examples, n_k)`` of its examples (``'final'``, Eq. 3), or the mean loss of its training steps
+    (``'train'``)."""
+
+    def finish(view, result):
+        if client_loss == "train":
+            return result.stats.mean_loss, ()
+        batch = sample_client_batch(view.client, view.arrays, view.key, num_examples)
+        return classifier.eval_loss(result.variables, batch), ()
+
+    return Component("fedwalk", finish=finish)
+
+
 def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, beta: float = 0.9,
             learning_rate: float = 0.01, momentum: float = 0.0, num_steps: int = 1, batch_size: int = 64,
-            leash_loss_examples: int = 512, client_loss: Literal["final", "train"] = "final") -> Algorithm:
-    """Wraps ``base`` (any algorithm) into "base + FedWalk"; see the module docstring.
+            leash_loss_examples: int = 512, client_loss: Literal["final", "train"] = "final",
+            client_loss_examples: int = 256) -> Algorithm:
+    """Wraps ``base`` into "base + FedWalk"; see the module docstring.
 
     Args:
-      base: the algorithm X whose rounds FedWalk follows.
+      base: the algorithm X whose rounds FedWalk follows, built from components (it gains
+        :func:`client_loss_report`).
       leash: the server's task; its data arrives as ``context.server_arrays`` (``{'x', 'y'}``).
       head_key: initialises the leash head.
       tau: the LLR threshold; higher trains the leash more.
@@ -142,32 +165,30 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
       learning_rate, momentum: the leash optimiser (the paper: SGD with ``gamma = eta``, the clients' rate).
       num_steps: ``T_s``, leash steps when the gate is open (the paper: 1). batch_size: ``B_s`` (the paper: 64).
       leash_loss_examples: how many leash examples ``Ls`` is measured on (all of them when there are fewer).
-      client_loss: ``L_k`` is the final local model's loss on a sample of the client's data (``'final'``, Eq. 3;
-        the base's schedule must set ``probe_examples``) or the mean loss of its training steps (``'train'``).
+      client_loss, client_loss_examples: how clients measure ``L_k`` (:func:`client_loss_report`).
     """
+    if base.with_components is None:
+        raise ValueError("FedWalk adds its client-loss report to the base algorithm's clients; build the base "
+                         "from components (fedjax_lab.methods.fedavg.fedavg)")
+    inner = base.with_components(client_loss_report(leash.classifier, client_loss, client_loss_examples))
     optimizer = optax.sgd(learning_rate, momentum=momentum or None)
-    loss_metric = {"final": "final_loss", "train": "train_loss"}[client_loss]
 
     def server_init(params):
-        return FedWalkState(base.server_init(params), leash.init_head(head_key, params), jnp.zeros((), jnp.float32),
+        return FedWalkState(inner.server_init(params), leash.init_head(head_key, params), jnp.zeros((), jnp.float32),
                             jnp.full((), UNMEASURED_LEASH_LOSS, jnp.float32), jnp.zeros((), jnp.int32))
 
     def client_init(server_state):
-        return base.client_init(server_state.base)
+        return inner.client_init(server_state.base)
 
     def client_update(server_state, client_state, client, arrays, key):
-        message, client_state, metrics = base.client_update(server_state.base, client_state, client, arrays, key)
-        if loss_metric not in metrics:
-            raise ValueError(f"FedWalk with client_loss={client_loss!r} needs the clients to report {loss_metric!r}; "
-                             "build the base algorithm with LocalSchedule(probe_examples=...)")
-        return (message, metrics[loss_metric]), client_state, metrics
+        return inner.client_update(server_state.base, client_state, client, arrays, key)
 
     def server_update(server_state, messages, cohort, context):
-        base_messages, client_losses = messages
-        base_state, metrics = base.server_update(server_state.base, base_messages, cohort, context)
-        ema = beta * server_state.client_loss_ema + (1.0 - beta) * jnp.mean(client_losses)
+        base_state, metrics = inner.server_update(server_state.base, messages, cohort, context)
+        client_loss = jnp.mean(messages["fedwalk"])
+        ema = beta * server_state.client_loss_ema + (1.0 - beta) * client_loss
         is_open = gate_is_open(ema, server_state.leash_loss, tau)
-        key = jax.random.fold_in(context.key, Purpose.LEASH)
+        key = component_key(context.key, "fedwalk")
 
         def walk(operand):
             variables, head, _ = operand
@@ -179,18 +200,23 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
 
         variables, head, leash_loss = jax.lax.cond(
             is_open, walk, lambda operand: operand,
-            (base.model_params(base_state), server_state.leash_head, server_state.leash_loss))
+            (inner.model_params(base_state), server_state.leash_head, server_state.leash_loss))
         taken = server_state.leash_steps_taken + jnp.where(is_open, num_steps, 0)
-        state = FedWalkState(base.set_model_params(base_state, variables), head, ema, leash_loss, taken)
-        return state, {**metrics, "leash_open": is_open.astype(jnp.float32), "client_loss_ema": ema,
+        state = FedWalkState(inner.set_model_params(base_state, variables), head, ema, leash_loss, taken)
+        return state, {**metrics, "leash_open": is_open.astype(jnp.float32), "client_loss": client_loss,
+                       "client_loss_ema": ema,
                        "leash_loss": leash_loss, "log_loss_ratio": jnp.log2(jnp.maximum(ema, 1e-30) / leash_loss),
                        "leash_steps_taken": taken.astype(jnp.float32)}
 
     def set_model_params(server_state, params):
-        return server_state._replace(base=base.set_model_params(server_state.base, params))
+        return server_state._replace(base=inner.set_model_params(server_state.base, params))
+
+    def with_components(*more):
+        return fedwalk(base.with_components(*more), leash, head_key, tau, beta, learning_rate, momentum, num_steps,
+                       batch_size, leash_loss_examples, client_loss, client_loss_examples)
 
     return Algorithm(server_init, client_init, client_update, server_update,
-                     lambda server_state: base.model_params(server_state.base), set_model_params)
+                     lambda server_state: inner.model_params(server_state.base), set_model_params, with_components)
 
 
 def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,
@@ -201,3 +227,38 @@ def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, 
     head = leash.init_head(head_key, variables)
     optimizer = optax.sgd(learning_rate, momentum=momentum or None)
     return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)
+
+
+def build(config, context) -> Callable[[Algorithm], Algorithm]:
+    """The ``fedwalk`` plug-in of ``algorithm.plugins``: "X + FedWalk" on the leash set ``dataset.server_data``,
+    optionally from a model and leash head pre-trained on it, or (``mode: pretrain``) the ablation's pre-training
+    followed by X without a leash. The leash head and the pre-training batches are drawn from the run's seed."""
+    leash = LeashTask(context.classifier, int(context.dataset.server["y"].max()) + 1)
+    head_key = component_key(randomness.init_key(randomness.base_key(context.config.seed)), "fedwalk")
+    rate = config.learning_rate or context.config.client.learning_rate
+    pretrain_steps = config.pretrain_steps or 0
+    if config.mode == "pretrain" and not pretrain_steps:
+        pretrain_steps = context.config.rounds.num_rounds * config.steps
+    leash_arrays = context.dataset.server
+
+    @jax.jit
+    def pretrain(params, arrays):
+        return pretrain_on_leash(leash, params, head_key, arrays, jax.random.fold_in(head_key, 1), pretrain_steps,
+                                 rate, config.momentum, config.batch_size)
+
+    def wrap(base: Algorithm) -> Algorithm:
+        if config.mode == "pretrain":
+            return base._replace(server_init=lambda params: base.server_init(pretrain(params, leash_arrays)[0]))
+        walked = fedwalk(base, leash, head_key, config.tau, config.beta, rate, config.momentum, config.steps,
+                         config.batch_size, config.leash_loss_examples, config.client_loss,
+                         config.client_loss_examples)
+        if not pretrain_steps:
+            return walked
+
+        def server_init(params):
+            params, head = pretrain(params, leash_arrays)
+            return walked.server_init(params)._replace(leash_head=head)
+
+        return walked._replace(server_init=server_init)
+
+    return wrap

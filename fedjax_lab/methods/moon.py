@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from fedjax_lab.engine.aggregation import Weighting
-from fedjax_lab.engine.local_training import LocalSchedule
-from fedjax_lab.engine.tree_math import tree_add
-from fedjax_lab.engine.types import Algorithm
-from fedjax_lab.methods.fedavg import fedavg, local_delta
+from fedjax_lab.engine.components import Component
 from fedjax_lab.models.tasks import Classifier, masked_mean
 
 
@@ -31,28 +26,28 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-8)
 
 
-def contrastive_term(classifier: Classifier, global_variables, previous_variables, mu: float, temperature: float):
-    """``mu * l_con`` as a representation term for :meth:`Classifier.loss_with`."""
-
-    def term(features, inputs, mask):
-        z_glob = jax.lax.stop_gradient(classifier.features(global_variables, inputs))
-        z_prev = jax.lax.stop_gradient(classifier.features(previous_variables, inputs))
-        logits = jnp.stack([cosine(features, z_glob), cosine(features, z_prev)], -1) / temperature
-        return mu * masked_mean(-jax.nn.log_softmax(logits)[:, 0], mask)
-
-    return term
+def contrastive_loss(features, global_features, previous_features, temperature: float, mask) -> jax.Array:
+    """``l_con`` (Eq. 3) averaged over the batch's real rows."""
+    logits = jnp.stack([cosine(features, global_features), cosine(features, previous_features)], -1) / temperature
+    return masked_mean(-jax.nn.log_softmax(logits)[:, 0], mask)
 
 
-def moon(classifier: Classifier, client_optimizer: optax.GradientTransformation,
-         server_optimizer: optax.GradientTransformation, schedule: LocalSchedule, mu: float = 1.0,
-         temperature: float = 0.5, weighting: Weighting = "num_examples") -> Algorithm:
-    """Builds MOON on top of FedAvg (any server optimiser); the client state is its previous local model."""
-    base = fedavg(classifier.loss, client_optimizer, server_optimizer, schedule, weighting)
+def contrastive(classifier: Classifier, mu: float = 5.0, temperature: float = 0.5) -> Component:
+    """MOON's change to the round: ``mu * l_con`` in every client's loss, and the client's previous local model
+    as its state."""
 
-    def client_update(server_state, previous, client, arrays, key):
-        loss = classifier.loss_with(contrastive_term(classifier, server_state.params, previous, mu, temperature))
-        delta, metrics = local_delta(server_state.params, loss, client_optimizer, client, arrays, key, schedule,
-                                     task_loss=classifier.loss)
-        return delta, tree_add(server_state.params, delta), metrics
+    def loss_term(view):
+        def term(variables, batch, forward):
+            z_glob = jax.lax.stop_gradient(classifier.features(view.global_variables, forward.model_inputs))
+            z_prev = jax.lax.stop_gradient(classifier.features(view.state, forward.model_inputs))
+            return mu * contrastive_loss(forward.features, z_glob, z_prev, temperature, batch["mask"])
 
-    return base._replace(client_init=lambda server_state: server_state.params, client_update=client_update)
+        return term
+
+    return Component("moon", client_init=lambda params: params, loss_term=loss_term, needs_features=True,
+                     finish=lambda view, result: (None, result.variables))
+
+
+def build(config, context) -> tuple[Component, ...]:
+    """The components of ``algorithm.name: moon`` (or of a ``moon`` plug-in); see ``methods/registry.py``."""
+    return (contrastive(context.classifier, config.mu, config.temperature),)

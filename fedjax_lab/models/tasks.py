@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from fedjax_lab.engine.tree_math import tree_squared_norm
-from fedjax_lab.engine.types import Arrays, Params
+from fedjax_lab.engine.types import Arrays, Forward, Params
 
 Preprocess = Callable[[jax.Array], jax.Array]
 Augment = Callable[[jax.Array, Arrays], jax.Array]
@@ -162,15 +162,18 @@ class Classifier:
         outputs, model_state = self.apply_train(variables, batch, key)
         return self.batch_objective(variables, outputs, batch), model_state
 
-    def loss_with(self, term: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]):
-        """A ``LossFn``: :meth:`loss` plus ``term(features, model_inputs, mask)``, a penalty on the representation
-        of the same forward pass (MOON's contrastive term, FedDecorr's decorrelation)."""
+    def forward(self, variables: Params, batch: Arrays, key: jax.Array, with_features: bool = False) -> Forward:
+        """The engine's ``ForwardFn``: the training loss of :meth:`loss` with the new model state, and with
+        ``with_features`` the representation and model inputs of the same pass (for representation terms)."""
+        if not with_features:
+            return Forward(*self.loss(variables, batch, key))
+        (outputs, features, inputs), model_state = self.apply_train(variables, batch, key, with_features=True)
+        return Forward(self.batch_objective(variables, outputs, batch), model_state, features, inputs)
 
-        def loss(variables, batch, key):
-            (outputs, features, inputs), model_state = self.apply_train(variables, batch, key, with_features=True)
-            return self.batch_objective(variables, outputs, batch) + term(features, inputs, batch["mask"]), model_state
-
-        return loss
+    def eval_loss(self, variables: Params, batch: Arrays) -> jax.Array:
+        """The evaluation-mode mean loss of a masked batch (no augmentation, BatchNorm running statistics)."""
+        losses, _, counts = self.example_metrics(variables, batch)
+        return jnp.sum(losses) / jnp.maximum(jnp.sum(counts), 1.0)
 
     def example_metrics(self, variables: Params, batch: Arrays) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per example: summed loss, number correct and number of labels counted (0 for masked rows), so that

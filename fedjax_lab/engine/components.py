@@ -1,0 +1,170 @@
+"""Components: one method's changes to a FedAvg-shaped round, composed like optax transformations.
+
+A round of FedAvg has fixed joints: each client trains from the global model and sends its delta, the server
+averages the deltas and steps its optimiser. A :class:`Component` changes what happens at some of those joints
+and nothing else, and owns the state it needs:
+
+* client side: a loss term, a gradient or update transformation, the gradient function, the batch source,
+  per-step outputs, and at the end a message part and the client's new state (:class:`ClientView` is what
+  these see);
+* server side: a transformation of the averaged delta before the server optimiser, and a step after it
+  (:class:`ServerView`).
+
+FedProx is a loss term; SCAFFOLD a gradient correction, a message part and a server step on the control
+variates; FedNova a message part and an aggregate. Components compose by listing them
+(``fedavg(..., proximal(0.01), control_variates())`` is SCAFFOLD + FedProx); each keeps its state under its own
+name: ``client_state[name]``, ``server_state.components[name]``, ``messages[name]``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import optax
+
+from fedjax_lab.engine.local_training import GradFn, LocalHooks, LocalStats, LossTerm, StepRecord
+from fedjax_lab.engine.types import Arrays, ClientData, Cohort, Metrics, Params, PyTree, ServerContext
+
+
+class ClientView(NamedTuple):
+    """What a component sees of one client's round.
+
+    Attributes:
+      global_variables: ``x_t``, the model the client starts from.
+      server: the component's server state as broadcast this round (``()`` without one).
+      state: the component's state for this client (``()`` without one).
+      client: the client's rows of the index table.
+      arrays: the pooled training arrays.
+      key: the component's own key for this client and round.
+      learning_rate: the client optimiser's learning rate this round, read from the optimiser itself
+        (:func:`~fedjax_lab.engine.local_training.first_step_rate`).
+    """
+
+    global_variables: Params
+    server: PyTree
+    state: PyTree
+    client: ClientData
+    arrays: Arrays
+    key: jax.Array
+    learning_rate: jax.Array
+
+
+class LocalResult(NamedTuple):
+    """A client's local training as the ``finish`` hook sees it: the trained variables ``y_k``, the delta
+    ``y_k - x_t`` and the :class:`~fedjax_lab.engine.local_training.LocalStats`."""
+
+    variables: Params
+    delta: Params
+    stats: LocalStats
+
+
+class ServerView(NamedTuple):
+    """What a component sees of the round on the server.
+
+    Attributes:
+      state: the component's server state (``()`` without one).
+      messages: every client message stacked over the cohort: ``messages['delta']`` and one entry per
+        component that sends something.
+      weights: the aggregation weights of the cohort.
+      cohort: the cohort's ids and sizes.
+      context: key, round, server data and population size.
+      global_variables: the model before this round's server step.
+    """
+
+    state: PyTree
+    messages: dict[str, PyTree]
+    weights: jax.Array
+    cohort: Cohort
+    context: ServerContext
+    global_variables: Params
+
+
+class Component(NamedTuple):
+    """One method's changes to the round; every hook is optional and the identity when ``None``.
+
+    Client side (each ``ClientView -> piece``; see :class:`~fedjax_lab.engine.local_training.LocalHooks`):
+      client_init: ``(global_variables) -> state`` of one client, stacked over the population by the engine.
+      loss_term: ``view -> LossTerm`` added to the objective; ``needs_features`` when it reads the
+        representation.
+      gradient / update: ``view -> optax.GradientTransformation`` before / after the client optimiser.
+      grad_fn: ``(view, grad_fn) -> grad_fn``.
+      batch: ``view -> (batch, step, key) -> batch``.
+      step_output: ``(view, StepRecord) -> pytree``, stacked over the steps into ``LocalStats.step_outputs``
+        (a dict keyed by component name).
+      finish: ``(view, LocalResult) -> (message_part, new_state)``; a message part of ``None`` sends nothing.
+
+    Server side:
+      server_init: ``(global_variables) -> state``.
+      aggregate: ``(view: ServerView, mean_delta) -> (mean_delta, metrics)``, applied in order to the weighted
+        mean of the deltas before the server optimiser steps on it.
+      after_step: ``(view, new_variables) -> (state, new_variables, metrics)`` after the server optimiser.
+    """
+
+    name: str
+    client_init: Callable[[Params], PyTree] | None = None
+    loss_term: Callable[[ClientView], LossTerm] | None = None
+    needs_features: bool = False
+    gradient: Callable[[ClientView], optax.GradientTransformation] | None = None
+    update: Callable[[ClientView], optax.GradientTransformation] | None = None
+    grad_fn: Callable[[ClientView, GradFn], GradFn] | None = None
+    batch: Callable[[ClientView], Callable[[Arrays, jax.Array, jax.Array], Arrays]] | None = None
+    step_output: Callable[[ClientView, StepRecord], PyTree] | None = None
+    finish: Callable[[ClientView, LocalResult], tuple[PyTree | None, PyTree]] | None = None
+    server_init: Callable[[Params], PyTree] | None = None
+    aggregate: Callable[[ServerView, Params], tuple[Params, Metrics]] | None = None
+    after_step: Callable[[ServerView, Params], tuple[PyTree, Params, Metrics]] | None = None
+
+
+def check_components(components: Sequence[Component]) -> None:
+    """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function (which
+    does not compose)."""
+    names = [c.name for c in components]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"components must have distinct names; repeated: {repeated}")
+    if "delta" in names:
+        raise ValueError("'delta' is the name of the model delta in every message; choose another component name")
+    grad_fns = [c.name for c in components if c.grad_fn is not None]
+    if len(grad_fns) > 1:
+        raise ValueError(f"at most one component may replace the gradient function, got {grad_fns}")
+
+
+def component_key(key: jax.Array, name: str) -> jax.Array:
+    """A key of ``key``'s stream reserved for the component ``name`` (a stable hash of the name)."""
+    return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+
+
+def client_views(components: Sequence[Component], global_variables: Params, server_states: dict[str, Any],
+                 client_states: dict[str, Any], client: ClientData, arrays: Arrays, key: jax.Array,
+                 learning_rate: jax.Array) -> list[ClientView]:
+    """Each component's :class:`ClientView` of this client's round."""
+    return [ClientView(global_variables, server_states.get(c.name, ()), client_states.get(c.name, ()), client,
+                       arrays, component_key(key, c.name), learning_rate) for c in components]
+
+
+def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) -> LocalHooks:
+    """The components' client-side hooks bound to their views and merged into one :class:`LocalHooks`."""
+    pairs = list(zip(components, views))
+    gradients = [c.gradient(v) for c, v in pairs if c.gradient is not None]
+    updates = [c.update(v) for c, v in pairs if c.update is not None]
+    batches = [c.batch(v) for c, v in pairs if c.batch is not None]
+    grad_fns = [(c, v) for c, v in pairs if c.grad_fn is not None]
+    outputs = [(c, v) for c, v in pairs if c.step_output is not None]
+
+    def batch(b, step, key):
+        for source in batches:
+            b = source(b, step, key)
+        return b
+
+    return LocalHooks(
+        loss_terms=tuple(c.loss_term(v) for c, v in pairs if c.loss_term is not None),
+        needs_features=any(c.needs_features for c in components),
+        gradient=optax.chain(*gradients) if gradients else None,
+        update=optax.chain(*updates) if updates else None,
+        grad_fn=(lambda fn, c=grad_fns[0][0], v=grad_fns[0][1]: c.grad_fn(v, fn)) if grad_fns else None,
+        batch=batch if batches else None,
+        step_output=(lambda record: {c.name: c.step_output(v, record) for c, v in outputs}) if outputs else None,
+    )

@@ -1,0 +1,317 @@
+"""Every method's config and builder, registered by name. Imports no JAX, so configs validate in milliseconds.
+
+A method is registered once, here, with
+
+* its config: a pydantic class holding only its own fields, with its paper's defaults;
+* its builder: ``"module:function"``, imported only when a run is built. A *component* method's builder returns
+  the :class:`~fedjax_lab.engine.components.Component` s it adds to the FedAvg round
+  (``build(config, context) -> tuple[Component, ...]``); a *wrapper* plug-in's builder returns a function from
+  one algorithm to another (``build(config, context) -> Callable[[Algorithm], Algorithm]``);
+* where it may appear: as ``algorithm.name`` (a base method, which also takes the server optimiser's fields
+  of :class:`AlgorithmFields`), in ``algorithm.plugins`` (added to a base), or both.
+
+So ``algorithm: {name: scaffold, plugins: [{name: fedprox, mu: 0.01}, {name: fedwalk, tau: 1.0}]}`` is
+SCAFFOLD + FedProx + FedWalk. ``docs/extending.md`` walks through adding a method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, create_model, model_validator
+from pydantic_core import PydanticCustomError
+
+
+def _admits_bool(annotation: Any) -> bool:
+    return annotation is bool or any(_admits_bool(arg) for arg in typing.get_args(annotation))
+
+
+class Fields(BaseModel):
+    """Config fields: unknown keys are errors, values are frozen, floats must be finite unless a field says
+    otherwise, and a boolean is not taken for a number (YAML reads ``yes``, ``no``, ``on``, ``off`` as booleans)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
+                    raise PydanticCustomError("bool_for_number", "{field}: expected a number or a name, got the "
+                                              "boolean {value}", {"field": name, "value": value})
+        return data
+
+
+class AlgorithmFields(Fields):
+    """The fields every base method takes: the server optimiser applied to the averaged delta, the weights of
+    the average, and the plug-ins added to the method."""
+
+    server_optimizer: Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"] = Field(
+        "sgd", description="the server's step on the averaged delta; momentum_fedcog: FedCOG's code variant of "
+                           "FedAvgM (x - v / (1 + beta))")
+    server_learning_rate: PositiveFloat = 1.0
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="server_optimizer=momentum")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")
+    beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
+    tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+    plugins: tuple[Any, ...] = Field((), description="methods added to this one, each {name: ..., its fields}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """What a builder receives besides its own config.
+
+    Attributes:
+      config: the whole experiment config.
+      classifier: the model with its input pipeline and objective (``fedjax_lab.models.Classifier``).
+      dataset: the federated dataset (``fedjax_lab.data.FederatedDataset``); ``dataset.server`` is the
+        server's data, or ``None``.
+      client_optimizer: the clients' optax optimiser.
+      schedule: the clients' ``LocalSchedule``.
+    """
+
+    config: Any
+    classifier: Any
+    dataset: Any
+    client_optimizer: Any
+    schedule: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A registered method (see the module docstring)."""
+
+    name: str
+    config: type[BaseModel]
+    builder: str
+    base: bool = True
+    plugin: bool = False
+    wrapper: bool = False
+    needs_server_data: bool = False
+    reference: bool = False
+
+    def load_builder(self) -> Callable:
+        """The builder function (imports its module, and with it JAX)."""
+        module, _, function = self.builder.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register(builder: str, *, base: bool = True, plugin: bool = False, wrapper: bool = False,
+             needs_server_data: bool = False, reference: bool = False) -> Callable[[type[BaseModel]], type[BaseModel]]:
+    """A class decorator registering the method named by the config class's ``name`` literal.
+
+    The decorated class is the method's config; its ``name: Literal['...']`` field is the method's name.
+
+    Args:
+      builder: ``"module:function"``, see the module docstring.
+      base: may be ``algorithm.name`` (then ``config`` must subclass :class:`AlgorithmFields`).
+      plugin: may be listed in ``algorithm.plugins`` (its fields there are those it declares itself).
+      wrapper: the builder returns ``Algorithm -> Algorithm`` instead of components (plug-ins only).
+      needs_server_data: a run needs ``dataset.server_data``.
+      reference: a reference run (one client holding the pooled data, or only the server's data), not FL.
+    """
+
+    def decorate(config: type[BaseModel]) -> type[BaseModel]:
+        name = config.model_fields["name"].default
+        if name in REGISTRY:
+            raise ValueError(f"method {name!r} is registered twice")
+        if base and not issubclass(config, AlgorithmFields):
+            raise TypeError(f"{config.__name__}: a base method's config must subclass AlgorithmFields")
+        REGISTRY[name] = MethodSpec(name, config, builder, base, plugin, wrapper, needs_server_data, reference)
+        return config
+
+    return decorate
+
+
+def own_fields(config: type[BaseModel]) -> dict[str, Any]:
+    """The fields a method declares itself (not the shared :class:`AlgorithmFields`)."""
+    shared = AlgorithmFields.model_fields if issubclass(config, AlgorithmFields) else {}
+    return {n: f for n, f in config.model_fields.items() if n not in shared or n == "name"}
+
+
+def plugin_config(spec: MethodSpec) -> type[BaseModel]:
+    """The config class of ``spec`` as an entry of ``algorithm.plugins``: only its own fields."""
+    if not issubclass(spec.config, AlgorithmFields):
+        return spec.config
+    fields = {n: (f.annotation, f) for n, f in own_fields(spec.config).items()}
+    return create_model(f"{spec.config.__name__}Plugin", __base__=Fields, **fields)
+
+
+def method_name(name: str):
+    """The ``name`` field of a method's config: ``Literal[name]`` with that default."""
+    return Field(name, description="the method")
+
+
+# ------------------------------------------------------------------------------------------ the FedAvg family
+FEDAVG = "fedjax_lab.methods.fedavg:build"
+
+
+@register(builder=FEDAVG)
+class FedAvgConfig(AlgorithmFields):
+    """FedAvg (McMahan et al. 2017): SGD at ``server_learning_rate`` on the averaged delta."""
+
+    name: Literal["fedavg"] = method_name("fedavg")
+
+
+def _family(name: str, rule: str, doc: str) -> type[AlgorithmFields]:
+    config = create_model(f"{name.capitalize()}Config", __base__=AlgorithmFields, __doc__=doc,
+                          name=(Literal[name], method_name(name)),
+                          server_optimizer=(Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"],
+                                            Field(rule)))
+    return register(FEDAVG)(config)
+
+
+FedAvgMConfig = _family("fedavgm", "momentum", "FedAvgM: server momentum (Hsu et al. 2019).")
+FedAdamConfig = _family("fedadam", "adam", "FedAdam (Reddi et al. 2021, Algorithm 2).")
+FedYogiConfig = _family("fedyogi", "yogi", "FedYogi (Reddi et al. 2021, Algorithm 2).")
+FedAdagradConfig = _family("fedadagrad", "adagrad", "FedAdagrad (Reddi et al. 2021, Algorithm 2).")
+
+
+@register(builder=FEDAVG, reference=True)
+class CentralizedConfig(AlgorithmFields):
+    """Reference: FedAvg on one client holding the pooled training data."""
+
+    name: Literal["centralized"] = method_name("centralized")
+
+
+@register(builder=FEDAVG, reference=True)
+class ServerOnlyConfig(AlgorithmFields):
+    """Reference: FedAvg on one client holding only the server's data."""
+
+    name: Literal["server_only"] = method_name("server_only")
+
+
+# --------------------------------------------------------------------------------------------- baselines
+@register(builder="fedjax_lab.methods.fedprox:build", plugin=True)
+class FedProxConfig(AlgorithmFields):
+    """FedProx (Li et al. 2020): the proximal term ``mu/2 ||w - x_t||^2``."""
+
+    name: Literal["fedprox"] = method_name("fedprox")
+    mu: float = Field(0.01, ge=0, description="proximal weight (the paper tunes it in {0.001, 0.01, 0.1, 1})")
+
+
+@register(builder="fedjax_lab.methods.moon:build", plugin=True)
+class MoonConfig(AlgorithmFields):
+    """MOON (Li, He and Song 2021): the model-contrastive term."""
+
+    name: Literal["moon"] = method_name("moon")
+    mu: float = Field(5.0, ge=0, description="contrastive weight (the paper: 5 on CIFAR-10)")
+    temperature: PositiveFloat = Field(0.5, description="tau of the contrastive softmax (the paper: 0.5)")
+
+
+@register(builder="fedjax_lab.methods.feddecorr:build", plugin=True)
+class FedDecorrConfig(AlgorithmFields):
+    """FedDecorr (Shi et al. 2023): the decorrelation penalty on the representation."""
+
+    name: Literal["feddecorr"] = method_name("feddecorr")
+    beta: float = Field(0.1, ge=0, description="decorrelation weight (the paper's form, Eq. 5)")
+
+
+@register(builder="fedjax_lab.methods.fedsam:build", plugin=True)
+class FedSamConfig(AlgorithmFields):
+    """FedSAM (Qu et al. 2022): sharpness-aware local steps."""
+
+    name: Literal["fedsam"] = method_name("fedsam")
+    rho: float = Field(0.05, ge=0, description="perturbation radius")
+
+
+@register(builder="fedjax_lab.methods.scaffold:build")
+class ScaffoldConfig(AlgorithmFields):
+    """SCAFFOLD (Karimireddy et al. 2020): control variates."""
+
+    name: Literal["scaffold"] = method_name("scaffold")
+    option: Literal["I", "II"] = Field("II", description="control update")
+    control_average: Literal["all", "cohort"] = Field("all", description="divide control deltas by N or |S|")
+    correction: Literal["after_step", "through_optimizer"] = Field(
+        "after_step", description="apply -eta (c - c_k) after the optimiser step, or add c - c_k to the gradient "
+                                  "before it (amplified by client momentum)")
+
+
+@register(builder="fedjax_lab.methods.fednova:build")
+class FedNovaConfig(AlgorithmFields):
+    """FedNova (Wang et al. 2020): normalised averaging; ``a_k`` is read from the client optimiser."""
+
+    name: Literal["fednova"] = method_name("fednova")
+
+
+@register(builder="fedjax_lab.methods.feddyn:build")
+class FedDynConfig(AlgorithmFields):
+    """FedDyn (Acar et al. 2021): dynamic regularisation; uniform cohort mean, as in the paper."""
+
+    name: Literal["feddyn"] = method_name("feddyn")
+    alpha: float = Field(0.01, ge=0, description="regularisation weight")
+    weighting: Literal["num_examples", "uniform"] = "uniform"
+
+
+@register(builder="fedjax_lab.methods.fedexp:build")
+class FedExPConfig(AlgorithmFields):
+    """FedExP (Jhunjhunwala et al. 2023): the extrapolated server step; uniform mean, as in the paper."""
+
+    name: Literal["fedexp"] = method_name("fedexp")
+    epsilon: PositiveFloat = Field(1e-3, description="step-size denominator offset")
+    weighting: Literal["num_examples", "uniform"] = "uniform"
+
+
+# ----------------------------------------------------------------------------------------------- plug-ins
+@register(builder="fedjax_lab.methods.fedwalk:build", base=False, plugin=True, wrapper=True,
+          needs_server_data=True)
+class FedWalkConfig(Fields):
+    """FedWalk (Zhai et al.): the server's leash task, gated by the log loss ratio; the leash set is
+    ``dataset.server_data``."""
+
+    name: Literal["fedwalk"] = method_name("fedwalk")
+    mode: Literal["leash", "pretrain"] = Field("leash", description="pretrain: the ablation's leash training "
+                                                                    "before FL, then no leash during FL")
+    tau: float = Field(0.5, allow_inf_nan=True,
+                       description="LLR threshold: the leash trains while log2(Lc/Ls) < tau (-.inf: never)")
+    beta: float = Field(0.9, ge=0, lt=1, description="momentum of the client-loss EMA Lc")
+    steps: PositiveInt = Field(1, description="T_s: leash SGD steps when the gate opens")
+    batch_size: PositiveInt = Field(64, description="B_s: leash batch size")
+    learning_rate: PositiveFloat | None = Field(None, description="gamma; default client.learning_rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="leash SGD momentum (the paper: none)")
+    client_loss: Literal["final", "train"] = Field(
+        "final", description="L_k: the final local model's evaluation-mode loss on client_loss_examples of the "
+                             "client's data, or the mean loss of its training steps")
+    client_loss_examples: PositiveInt = Field(256, description="sample size of L_k (all, for smaller clients)")
+    leash_loss_examples: PositiveInt = Field(512, description="sample size of Ls (all, for a smaller leash set)")
+    pretrain_steps: PositiveInt | None = Field(None, description="leash steps before FL. mode pretrain: default "
+                                                                 "rounds.num_rounds * steps; mode leash: default "
+                                                                 "none, else FedWalk starts from the pre-trained "
+                                                                 "model and leash head")
+
+    @model_validator(mode="after")
+    def _tau_is_a_number(self):
+        if self.tau != self.tau:
+            raise ValueError("algorithm.plugins: fedwalk.tau must be a number (.inf and -.inf are allowed), got nan")
+        return self
+
+
+# --------------------------------------------------------------------------------------------- the unions
+def _union(configs: list[type[BaseModel]]):
+    return Annotated[Union[tuple(configs)], Field(discriminator="name")]  # noqa: UP007 - a runtime tuple
+
+
+def algorithm_union():
+    """The pydantic type of ``algorithm``: one of the base methods' configs, chosen by ``name``, whose
+    ``plugins`` are the plug-ins' configs chosen by ``name``."""
+    plugin = _union([plugin_config(s) for s in REGISTRY.values() if s.plugin])
+    bases = [create_model(s.config.__name__, __base__=s.config, __doc__=s.config.__doc__,
+                          plugins=(tuple[plugin, ...], Field((), description=AlgorithmFields.model_fields[
+                              "plugins"].description)))
+             for s in REGISTRY.values() if s.base]
+    return _union(bases)
+
+
+def owners(field: str) -> list[str]:
+    """The methods that declare a field of this name themselves."""
+    return [s.name for s in REGISTRY.values() if field in own_fields(s.config) and field != "name"]
