@@ -16,7 +16,20 @@ def _with(section, **fields):
 
 
 @pytest.mark.parametrize("raw, message", [
-    (_with("algorithm", name="fedsgd"), "algorithm.name: Input should be 'fedavg', 'fedavgm', 'fedadam'"),
+    (_with("algorithm", name="fedsgd"), "algorithm.name: unknown name 'fedsgd'; allowed: 'fedavg', 'fedavgm'"),
+    (_with("client", learning_rate=float("inf")), "client.learning_rate: must be a finite number, got inf"),
+    (_with("rounds", num_rounds=True), "rounds.num_rounds: expected a number or a name, got the boolean True"),
+    (_with("algorithm", name="fedprox", temperature=0.5),
+     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of moon); fedprox's fields:"),
+    (_with("algorithm", name="fedprox", mu=0.1, plugins=[{"name": "moon", "rho": 0.1}]),
+     "algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedsam); moon's fields: mu, name, "
+     "temperature"),
+    (_with("algorithm", name="fedavg", plugins=[{"name": "fedavg"}]), "algorithm.plugins.0.name: unknown name "
+                                                                     "'fedavg'; allowed: 'fedprox'"),
+    (_with("algorithm", name="fedprox", plugins=[{"name": "fedprox"}]),
+     "algorithm.plugins: each method may appear once, got ['fedprox'] more than once"),
+    (_with("algorithm", name="fedavg", plugins=[{"name": "fedwalk"}]),
+     "algorithm: fedwalk needs data held by the server: set dataset.server_data"),
     (_with("dataset", name="imagenet"), "dataset.name: unknown name 'imagenet'; allowed: 'synthetic', 'gaussian_mixture'"),
     (_with("rounds", clients_per_round=31), "rounds.clients_per_round must be <= dataset.num_clients=30, got 31"),
     (_with("client", learning_rate=0), "client.learning_rate: Input should be greater than 0, got 0"),
@@ -61,7 +74,89 @@ def test_cli_reports_bad_config_and_missing_file_without_running(tmp_path, capsy
 def test_every_shipped_config_is_valid():
     import pathlib
 
-    configs = sorted(pathlib.Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+    configs = sorted(pathlib.Path(__file__).parent.parent.joinpath("configs").glob("**/*.yaml"))
+    assert any(path.parent.name == "fedwalk" for path in configs)
     assert configs
     for path in configs:
         load_config(path)
+
+
+def test_a_plugin_field_is_overridden_by_the_plugins_name(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nclient: {local_steps: 5}\n"
+                    "algorithm: {name: scaffold, plugins: [{name: fedprox, mu: 0.1}]}\n")
+    config = load_config(path, ["algorithm.plugins.fedprox.mu=0.5"])
+    assert config.algorithm.plugins[0].mu == 0.5
+    with pytest.raises(ConfigError, match="no entry 'moon' in the list"):
+        load_config(path, ["algorithm.plugins.moon.mu=0.5"])
+    assert load_config(path, ["algorithm.plugins=[]"]).algorithm.plugins == ()
+
+
+def test_config_errors_load_no_jax_and_print_fast(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nalgorithm: {name: fedavg}\n"
+                    "client: {local_steps: 5}\n")
+    code = ("import sys, time; t = time.perf_counter(); from fedjax_lab.experiments.cli import main; "
+            f"status = main(['run', {str(path)!r}, 'client.learning_rate=-1']); "
+            "print(status, 'jax' in sys.modules, time.perf_counter() - t)")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    status, jax_loaded, seconds = out.stdout.split()
+    assert (status, jax_loaded) == ("2", "False"), out
+    assert float(seconds) < 1.0 and time.perf_counter() - start < 10
+    assert "client.learning_rate: Input should be greater than 0" in out.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dataset: {name: synthetic\nmodel: {name: mlp}\n", "is not valid YAML: line 2, column"),
+    ("dataset:\n  name: synthetic\n   bad: 1\n", "is not valid YAML: line 3"),
+])
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys, text, message):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.yaml" in err and message in err and "Traceback" not in err
+
+
+def test_a_yaml_syntax_error_in_an_override_is_a_message(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nalgorithm: {name: fedavg}\n"
+                    "client: {local_steps: 5}\n")
+    assert main(["run", str(path), "model.hidden=[16, 8"]) == 2
+    assert "override 'model.hidden=[16, 8': the value is not valid YAML" in capsys.readouterr().err
+
+
+def test_overrides_may_follow_options(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nalgorithm: {name: fedavg}\n"
+                    "client: {local_steps: 5}\n")
+    # An invalid override placed after an option is parsed (and rejected by validation, not by argparse).
+    assert main(["run", str(path), "--no-progress", "client.learning_rate=-1"]) == 2
+    assert "client.learning_rate: Input should be greater than 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_a_run_directory_that_cannot_hold_a_run_is_a_message(tmp_path, capsys, kind):
+    import os
+
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nalgorithm: {name: fedavg}\n"
+                    "client: {local_steps: 5}\n")
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_text("not a directory")
+        expected = "is a file"
+    else:
+        target.mkdir()
+        os.chmod(target, 0o500)
+        expected = "cannot be written"
+        if os.access(target, os.W_OK):  # root ignores permissions: use a path below a file instead
+            target = tmp_path / "c.yaml" / "run"
+    assert main(["run", str(path), "--run-dir", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert ("is a file" in err or expected in err) and "Traceback" not in err

@@ -102,3 +102,78 @@ def test_divergence_is_detected_reported_and_stops_the_run(tmp_path):
     rows = read_metrics(tmp_path / "diverged")
     assert rows[-1]["diverged"] == summary["diverged"]
     assert json.loads((tmp_path / "diverged" / "summary.json").read_text())["diverged"] == summary["diverged"]
+
+
+def test_a_diverged_run_exits_non_zero_and_its_best_round_is_before_the_divergence(tmp_path, capsys):
+    import yaml
+
+    raw = {"dataset": {"name": "synthetic", "num_clients": 10}, "model": {"name": "mlp", "hidden": [16]},
+           "algorithm": {"name": "fedavg"}, "client": {"local_steps": 20, "learning_rate": 1e4},
+           "rounds": {"num_rounds": 40, "clients_per_round": 5}, "eval": {"every": 5, "per_client": False}}
+    path = tmp_path / "diverging.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 3
+    assert "the run diverged" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    diverged_round = read_metrics(tmp_path / "run")[-1]["round"]
+    assert summary["best_round"] < diverged_round
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path, config, experiment, capsys):
+    run_experiment(config, tmp_path, progress=False, experiment=experiment)
+    before = (tmp_path / "summary.json").read_text()
+    summary = run_experiment(config, tmp_path, progress=False, experiment=experiment, resume=True)
+    assert (tmp_path / "summary.json").read_text() == before and summary["rounds"] == 6
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, config, experiment, capsys):
+    run_experiment(config, tmp_path / "whole", progress=False, experiment=experiment)
+    run_experiment(config, tmp_path / "split", progress=False, experiment=experiment, stop_after_round=4)
+    latest = tmp_path / "split" / "checkpoints" / "4"
+    for f in latest.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    run_experiment(config, tmp_path / "split", progress=False, experiment=experiment, resume=True)
+    assert "checkpoint of round 4" in capsys.readouterr().err
+    np.testing.assert_array_equal(_final_params(tmp_path / "whole", experiment)[0],
+                                  _final_params(tmp_path / "split", experiment)[0])
+
+
+def test_ctrl_c_leaves_a_resumable_run_and_the_cli_says_so(tmp_path, config, capsys):
+    import dataclasses
+
+    import yaml
+
+    from fedjax_lab.experiments.runner import RunInterrupted
+
+    experiment = build_experiment(config)
+    calls = []
+
+    def interrupted(state, inputs, num_rounds):
+        calls.append(num_rounds)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return experiment.run_rounds(state, inputs, num_rounds=num_rounds)
+
+    with pytest.raises(RunInterrupted, match="results up to round 2"):
+        run_experiment(config, tmp_path / "run", progress=False,
+                       experiment=dataclasses.replace(experiment, run_rounds=interrupted))
+    summary = run_experiment(config, tmp_path / "run", progress=False, experiment=experiment, resume=True)
+    assert summary["rounds"] == 6
+    # The command line turns the interruption into a message and exit status 130.
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(RAW))
+    import fedjax_lab.experiments.runner as runner
+
+    original = runner.run_experiment
+
+    def raise_interrupt(*args, **kwargs):
+        raise RunInterrupted(tmp_path, 2)
+
+    runner.run_experiment = raise_interrupt
+    try:
+        assert main(["run", str(path), "--run-dir", str(tmp_path / "cli")]) == 130
+    finally:
+        runner.run_experiment = original
+    assert "interrupted; results up to round 2" in capsys.readouterr().err

@@ -39,6 +39,11 @@ def _run(args) -> int:
     summary = run_experiment(config, run_dir, resume=args.resume, overwrite=args.overwrite,
                              progress=not args.no_progress)
     final = summary["final"]
+    if summary.get("diverged"):
+        print(f"fedjax-lab: the run diverged ({summary['diverged']}); best test accuracy before that "
+              f"{summary['best_test_accuracy']:.4f} at round {summary['best_round']}; results in {run_dir}/",
+              file=sys.stderr)
+        return EXIT_DIVERGED
     print(f"round {summary['rounds']}: test accuracy {final['test_accuracy']:.4f}, test loss "
           f"{final['test_loss']:.4f}; best {summary['best_test_accuracy']:.4f} at round {summary['best_round']}; "
           f"{summary['rounds_per_second']:.2f} rounds/s on {summary['backend']}")
@@ -72,13 +77,39 @@ def _plot(args) -> int:
     return 0
 
 
+EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """The ``fedjax-lab`` command; returns the exit status (0 done, 2 bad input, 3 diverged, 4 the run could not
+    go on, 130 interrupted)."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may also come after options (``run c.yaml --no-progress seed=3``); argparse leaves those over.
+    stray = [item for item in extra if item.startswith("-") or "=" not in item or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return {"run": _run, "partition": _partition, "plot": _plot}[args.command](args)
     except ConfigError as error:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("fedjax-lab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the runner's own failures, told without a traceback
+        from fedjax_lab.experiments.run_directory import CheckpointError
+        from fedjax_lab.experiments.runner import RunInterrupted
+
+        if isinstance(error, RunInterrupted):
+            print(f"fedjax-lab: {error}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if isinstance(error, CheckpointError):
+            print(f"fedjax-lab: error: {error}", file=sys.stderr)
+            return EXIT_RUN_FAILED
+        raise
 
 
 if __name__ == "__main__":

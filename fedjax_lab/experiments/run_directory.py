@@ -13,6 +13,7 @@ Layout::
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,10 @@ import jax
 import orbax.checkpoint as ocp
 
 from fedjax_lab.engine import LoopState
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of the run directory can be read."""
 
 
 class RunDirectory:
@@ -65,11 +70,22 @@ class RunDirectory:
         return self._checkpoints.latest_step()
 
     def restore_checkpoint(self, template: LoopState) -> LoopState:
-        """The latest checkpoint, restored into the structure (and dtypes) of ``template``."""
-        step = self._checkpoints.latest_step()
+        """The latest intact checkpoint, restored into the structure (and dtypes) of ``template``; a checkpoint
+        that cannot be read (a crash while writing it, a damaged disk) is reported and the one before it used.
+
+        Raises:
+          CheckpointError: no checkpoint can be read.
+        """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        restored = self._checkpoints.restore(step, args=ocp.args.StandardRestore(abstract))
-        return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
+        for step in sorted(self._checkpoints.all_steps(), reverse=True):
+            try:
+                restored = self._checkpoints.restore(step, args=ocp.args.StandardRestore(abstract))
+            except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint falls back to the previous one
+                print(f"fedjax-lab: checkpoint of round {step} in {self.path} cannot be read "
+                      f"({type(exc).__name__}); trying the one before it", file=sys.stderr)
+                continue
+            return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
+        raise CheckpointError(f"no readable checkpoint in {self.path / 'checkpoints'}; start again with --overwrite")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

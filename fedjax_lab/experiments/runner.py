@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -16,10 +17,32 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.experiments.build import Experiment, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
 from fedjax_lab.experiments.plots import plot_runs
-from fedjax_lab.experiments.run_directory import RunDirectory
+from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
+
+
+class RunInterrupted(Exception):
+    """The run was interrupted (Ctrl-C); its results up to ``last_round`` are on disk and it can be resumed."""
+
+    def __init__(self, run_dir: Path, last_round: int):
+        super().__init__(f"interrupted; results up to round {last_round} are in {run_dir}, resume with --resume")
+        self.run_dir, self.last_round = run_dir, last_round
+
+
+def _check_writable(run_dir: Path) -> None:
+    """Raises :class:`ConfigError` when ``run_dir`` cannot hold a run (a file, or not writable)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {str(run_dir)!r} is a file; choose a directory with --run-dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"run directory {str(run_dir)!r} cannot be written: {exc.strerror or exc}") from None
 
 
 def _prepare_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> None:
+    _check_writable(run_dir)
     saved = run_dir / "config.yaml"
     if not saved.exists():
         return
@@ -79,6 +102,11 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
     """
     run_dir = Path(run_dir)
     _prepare_directory(config, run_dir, resume, overwrite)
+    finished = run_dir / "summary.json"
+    if resume and finished.exists() and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds:
+        print(f"fedjax-lab: {run_dir} has finished all {config.rounds.num_rounds} rounds; nothing to resume "
+              "(its results are unchanged)", file=sys.stderr)
+        return json.loads(finished.read_text())
     experiment = experiment or build_experiment(config)
     directory = RunDirectory(run_dir, config.checkpoint.keep)
     state = experiment.initial_state()
@@ -94,10 +122,29 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
     initial_test_loss = directory.read_metrics()[0].get("test_loss", 1.0)
     total = config.rounds.num_rounds
     stop = total if stop_after_round is None else min(stop_after_round, total)
-    every = config.eval.every
     bar = tqdm(total=total, initial=int(state.round), unit="round", disable=not progress, dynamic_ncols=True,
                desc=experiment.dataset.name)
-    timings, blocks_run, diverged = [], 0, None
+    timings: list[tuple[int, float]] = []
+    try:
+        state, diverged = _run_blocks(experiment, directory, state, stop, initial_test_loss, bar, timings)
+    except KeyboardInterrupt:
+        bar.close()
+        raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"]) from None
+    bar.close()
+    summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
+    if int(state.round) == total or diverged:
+        directory.write_summary(summary)
+        plot_runs([run_dir], run_dir / "curves.png")
+    return summary
+
+
+def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: int, initial_test_loss: float, bar,
+                timings: list) -> tuple[Any, str | None]:
+    """Runs compiled blocks of rounds until round ``stop`` or divergence, writing metrics and checkpoints as it
+    goes; returns the state and why the run diverged (or ``None``)."""
+    config = experiment.config
+    total, every = config.rounds.num_rounds, config.eval.every
+    blocks_run, diverged = 0, None
     while int(state.round) < stop and not diverged:
         first = int(state.round)
         num_rounds = min(every - first % every, stop - first)
@@ -120,18 +167,14 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
         bar.update(num_rounds)
         if "test_accuracy" in rows[-1]:
             bar.set_postfix(acc=f"{rows[-1]['test_accuracy']:.4f}", loss=f"{rows[-1]['test_loss']:.4f}")
-    bar.close()
-    summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
-    if int(state.round) == total or diverged:
-        directory.write_summary(summary)
-        plot_runs([run_dir], run_dir / "curves.png")
-    return summary
+    return state, diverged
 
 
 def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> dict[str, Any]:
     rows = directory.read_metrics()
     evaluated = [row for row in rows if "test_accuracy" in row]
-    best = max(evaluated, key=lambda row: row["test_accuracy"])
+    healthy = [row for row in evaluated if "diverged" not in row] or evaluated[:1]
+    best = max(healthy, key=lambda row: row["test_accuracy"])
     steady = timings[1:] or timings
     rounds, seconds = sum(n for n, _ in steady), sum(t for _, t in steady)
     return {

@@ -44,7 +44,7 @@ class Fields(BaseModel):
                 field = cls.model_fields.get(name)
                 if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
                     raise PydanticCustomError("bool_for_number", "{field}: expected a number or a name, got the "
-                                              "boolean {value}", {"field": name, "value": value})
+                                              "boolean {value} (YAML reads yes, no, on and off as booleans)", {"field": name, "value": str(value)})
         return data
 
 
