@@ -121,6 +121,10 @@ class Component(NamedTuple):
 def check_components(components: Sequence[Component]) -> None:
     """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function (which
     does not compose)."""
+    for c in components:
+        if not isinstance(c, Component):
+            raise TypeError(f"components must be Component records, got {type(c).__name__} {c!r} (options such as "
+                            "weighting are keyword arguments)")
     names = [c.name for c in components]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

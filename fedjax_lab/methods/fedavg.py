@@ -40,15 +40,22 @@ class ServerState(NamedTuple):
     components: dict[str, Any] = {}
 
 
-def apply_server_optimizer(server_optimizer: optax.GradientTransformation, params: Params,
-                           opt_state: optax.OptState, mean_delta: Params) -> tuple[Params, optax.OptState]:
+def init_server_state(server_optimizer: optax.GradientTransformation, variables: Params,
+                      components: dict[str, Any] | None = None) -> ServerState:
+    """The global model, a fresh server optimiser state over its trainable part, and the components' states."""
+    return ServerState(variables, server_optimizer.init(split_variables(variables)[0]), components or {})
+
+
+def apply_server_optimizer(server_optimizer: optax.GradientTransformation, state: ServerState,
+                           mean_delta: Params) -> ServerState:
     """Steps the server optimiser on the pseudo-gradient ``-mean_delta`` of the trainable variables; model
     state (BatchNorm statistics) moves by its mean delta, i.e. becomes the weighted mean of the clients'."""
-    trainable, model_state = split_variables(params)
+    trainable, model_state = split_variables(state.params)
     delta_params, delta_model_state = split_variables(mean_delta)
-    updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), opt_state, trainable)
-    return merge_variables(optax.apply_updates(trainable, updates), tree_add(model_state, delta_model_state),
-                           params), opt_state
+    updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), state.opt_state, trainable)
+    params = merge_variables(optax.apply_updates(trainable, updates), tree_add(model_state, delta_model_state),
+                             state.params)
+    return state._replace(params=params, opt_state=opt_state)
 
 
 def fedavg(
@@ -78,8 +85,8 @@ def fedavg(
     check_components(components)
 
     def server_init(params):
-        states = {c.name: c.server_init(params) for c in components if c.server_init is not None}
-        return ServerState(params, server_optimizer.init(split_variables(params)[0]), states)
+        return init_server_state(server_optimizer, params, {c.name: c.server_init(params) for c in components
+                                                            if c.server_init is not None})
 
     def client_init(server_state):
         return {c.name: c.client_init(server_state.params) for c in components if c.client_init is not None}
@@ -114,15 +121,14 @@ def fedavg(
             if c.aggregate is not None:
                 mean_delta, m = c.aggregate(view(c), mean_delta)
                 metrics.update(m)
-        params, opt_state = apply_server_optimizer(server_optimizer, server_state.params, server_state.opt_state,
-                                                   mean_delta)
-        states = dict(server_state.components)
+        stepped = apply_server_optimizer(server_optimizer, server_state, mean_delta)
+        params, states = stepped.params, dict(server_state.components)
         for c in components:
             if c.after_step is not None:
                 states[c.name], params, m = c.after_step(view(c), params)
                 metrics.update(m)
         metrics["update_norm"] = optax.global_norm(mean_delta)
-        return ServerState(params, opt_state, states), metrics
+        return stepped._replace(params=params, components=states), metrics
 
     def with_components(*more: Component) -> Algorithm:
         return fedavg(task, client_optimizer, server_optimizer, schedule, *components, *more, weighting=weighting)
