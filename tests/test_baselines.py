@@ -6,7 +6,14 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lab.engine import ClientData, CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, train_locally
+from fedjax_lab.engine import (
+    ClientData,
+    CohortPlan,
+    LocalSchedule,
+    init_loop_state,
+    make_run_rounds,
+    train_locally,
+)
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.feddecorr import decorrelated, decorrelation
 from fedjax_lab.methods.feddyn import dynamic_regularization

@@ -164,7 +164,7 @@ def test_ctrl_c_leaves_a_resumable_run_and_the_cli_says_so(tmp_path, config, cap
     # The command line turns the interruption into a message and exit status 130.
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(RAW))
-    import fedjax_lab.experiments.runner as runner
+    from fedjax_lab.experiments import runner
 
     original = runner.run_experiment
 

@@ -15,7 +15,7 @@ DELTAS = [np.array([0.1, -0.2, 0.3], np.float32), np.array([-0.05, 0.4, 0.0], np
 
 
 def _run(optimizer):
-    state = ServerState(jnp.asarray(X0), optimizer.init(jnp.asarray(X0)))
+    state = ServerState(jnp.asarray(X0), optimizer.init(jnp.asarray(X0)), {})
     xs = []
     for delta in DELTAS:
         state = apply_server_optimizer(optimizer, state, jnp.asarray(delta))

@@ -4,8 +4,8 @@ The engine imports no method; methods are built from its pieces.
 """
 
 from fedjax_lab.engine.aggregation import cohort_weights, weighted_mean
-from fedjax_lab.engine.evaluation import Evaluator
 from fedjax_lab.engine.components import ClientView, Component, LocalResult, ServerView
+from fedjax_lab.engine.evaluation import Evaluator
 from fedjax_lab.engine.local_training import LocalHooks, LocalSchedule, LocalStats, StepRecord, train_locally
 from fedjax_lab.engine.simulation import CohortPlan, RoundInputs, init_loop_state, make_run_rounds, run_round
 from fedjax_lab.engine.types import Algorithm, ClientData, Cohort, LoopState, ServerContext

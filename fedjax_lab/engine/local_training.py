@@ -226,7 +226,7 @@ def train_locally(
     arrays: Arrays,
     key: jax.Array,
     schedule: LocalSchedule,
-    hooks: LocalHooks = LocalHooks(),
+    hooks: LocalHooks | None = None,
 ) -> tuple[Params, LocalStats]:
     """Runs one client's local optimisation from ``variables`` and returns the final variables and
     :class:`LocalStats`.
@@ -240,6 +240,7 @@ def train_locally(
     The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts fresh
     every round; model state such as BatchNorm statistics follows what the loss returns.
     """
+    hooks = hooks or LocalHooks()
     max_examples = client.example_ids.shape[-1]
     permutations = epoch_permutations(jax.random.fold_in(key, Purpose.SHUFFLE), client.num_examples,
                                       max_examples, schedule.num_epochs())

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedjax-lab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as error:  # noqa: BLE001 - the runner's own failures, told without a traceback
+    except Exception as error:
         from fedjax_lab.experiments.run_directory import CheckpointError
         from fedjax_lab.experiments.runner import RunInterrupted
 

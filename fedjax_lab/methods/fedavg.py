@@ -37,7 +37,7 @@ class ServerState(NamedTuple):
 
     params: Params
     opt_state: optax.OptState
-    components: dict[str, Any] = {}
+    components: dict[str, Any]
 
 
 def init_server_state(server_optimizer: optax.GradientTransformation, variables: Params,
