@@ -2,27 +2,50 @@
 
 import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_lab.engine import CohortPlan, RoundInputs, init_loop_state, make_run_rounds, randomness
+from fedjax_lab.methods import registry
 from fedjax_lab.models import cross_entropy_loss
 
 DOC = pathlib.Path(__file__).parent.parent / "docs" / "extending.md"
 
 
-def _doc_namespace(loss_fn):
-    namespace = {"loss_fn": loss_fn}
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    """The doc's code: blocks headed ``# file: NAME`` are written to an importable folder as NAME, the others run
+    in order in one namespace (the registration registers the doc's method; it is unregistered afterwards)."""
+    folder = tmp_path_factory.mktemp("doc_methods")
+    sys.path.insert(0, str(folder))
+    namespace = {}
     for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL):
-        exec(block, namespace)
+        header = re.match(r"# file: (\S+)\n", block)
+        if header:
+            (folder / header.group(1)).write_text(block)
+        else:
+            exec(block, namespace)
+    yield namespace
+    registry.REGISTRY.pop("fedclip", None)
+    sys.path.remove(str(folder))
+    sys.modules.pop("fedclip", None)
+
+
+def _doc_namespace(namespace, loss_fn):
+    namespace["loss_fn"] = loss_fn
+    # The usage block builds with the loss function of the test; run it again with this one.
+    usage = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL) if "walked =" in b]
+    exec(usage[0], namespace)
     return namespace
 
 
-def test_fedsgd_example_takes_one_gradient_step_per_round(tiny_data, tiny_classifier):
+def test_fedsgd_example_takes_one_gradient_step_per_round(doc, tiny_data, tiny_classifier):
     loss_fn = cross_entropy_loss(tiny_classifier.predict)
-    ns = _doc_namespace(loss_fn)
+    ns = _doc_namespace(doc, loss_fn)
     algorithm = ns["fedsgd"](loss_fn, server_learning_rate=0.5, batch_size=64)
     n = tiny_data.num_clients
     params = tiny_classifier.init(jax.random.key(0))
@@ -36,9 +59,9 @@ def test_fedsgd_example_takes_one_gradient_step_per_round(tiny_data, tiny_classi
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state.server_state, expected)
 
 
-def test_server_step_plugin_moves_the_model_towards_the_server_data(tiny_data, tiny_classifier):
+def test_server_step_plugin_moves_the_model_towards_the_server_data(doc, tiny_data, tiny_classifier):
     loss_fn = cross_entropy_loss(tiny_classifier.predict)
-    ns = _doc_namespace(loss_fn)
+    ns = _doc_namespace(doc, loss_fn)
     walked = ns["walked"]
     server = {"x": jnp.asarray(tiny_data.test["x"]), "y": jnp.asarray(tiny_data.test["y"])}
     inputs = RoundInputs(randomness.base_key(0), jax.device_put(tiny_data.train),
@@ -47,3 +70,43 @@ def test_server_step_plugin_moves_the_model_towards_the_server_data(tiny_data, t
     state, metrics = make_run_rounds(walked, CohortPlan(tiny_data.num_clients, 4))(state, inputs, num_rounds=30)
     assert np.all(np.isfinite(metrics["server_loss"]))
     assert metrics["server_loss"][-5:].mean() < metrics["server_loss"][:5].mean()
+
+
+def _raw(algorithm):
+    return {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
+                        "num_classes": 3},
+            "model": {"name": "mlp", "hidden": [8]}, "algorithm": algorithm,
+            "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.5},
+            "rounds": {"num_rounds": 2, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
+
+
+def test_the_docs_new_method_runs_from_a_config_alone_and_as_a_plugin(doc, tmp_path):
+    from fedjax_lab.experiments import run_experiment, validate
+
+    for algorithm in ({"name": "fedclip", "max_norm": 0.5},
+                      {"name": "scaffold", "plugins": [{"name": "fedclip", "max_norm": 0.5}]}):
+        summary = run_experiment(validate(_raw(algorithm)), tmp_path / algorithm["name"], progress=False)
+        assert np.isfinite(summary["final"]["test_loss"])
+
+
+def test_the_docs_new_method_does_what_it_says(doc):
+    from fedjax_lab.experiments import build_experiment, validate
+
+    def first_round(algorithm):
+        experiment = build_experiment(validate(_raw(algorithm)))
+        return experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=1)
+
+    plain, _ = first_round({"name": "fedavg"})
+    loose, _ = first_round({"name": "fedclip", "max_norm": 1e6})
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), plain.server_state.params,
+                 loose.server_state.params)
+    # Clipped to norm 1e-3, three SGD steps at rate 0.5 move each client by at most 1.5e-3.
+    _, metrics = first_round({"name": "fedclip", "max_norm": 1e-3})
+    assert 0 < float(metrics["update_norm"][0]) <= 1.5e-3 * (1 + 1e-5)
+
+
+def test_a_field_the_docs_method_lacks_is_rejected_naming_it(doc):
+    from fedjax_lab.experiments import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="algorithm.mu: fedclip has no field 'mu' \\(it is a field of fedprox, moon\\)"):
+        validate(_raw({"name": "fedclip", "mu": 0.1}))

@@ -261,7 +261,7 @@ def _is_tag(part: Any) -> bool:
 
 def _section_model(loc: tuple) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for suggestions on misspelt keys)."""
-    model: Any = Config
+    model: Any = config_model()
     for i, part in enumerate(loc[:-1]):
         if part in _DATASETS:
             model = _DATASETS[part]
@@ -311,10 +311,23 @@ def _format_error(error: dict) -> str:
     return f"{path}: {error['msg']}, got {error.get('input')!r}"
 
 
+_MODELS: dict[tuple[str, ...], type[Config]] = {tuple(registry.REGISTRY): Config}
+
+
+def config_model() -> type[Config]:
+    """:class:`Config`, with ``algorithm`` covering every method registered so far (methods registered after this
+    module was imported, as in ``docs/extending.md``, included)."""
+    names = tuple(registry.REGISTRY)
+    if names not in _MODELS:
+        _MODELS[names] = pydantic.create_model("Config", __base__=Config, __doc__=Config.__doc__,
+                                               algorithm=(registry.algorithm_union(), ...))
+    return _MODELS[names]
+
+
 def validate(raw: dict) -> Config:
     """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem."""
     try:
-        return Config.model_validate(raw)
+        return config_model().model_validate(raw)
     except pydantic.ValidationError as exc:
         lines = sorted({_format_error(e) for e in exc.errors()})
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
