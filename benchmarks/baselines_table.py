@@ -43,6 +43,10 @@ METHODS = {
 }
 
 
+LABELS = {"fedavgm": "fedavgm (FedCOG's variant, `momentum_fedcog`, beta 0.1)", "moon": "moon (`mu` 1)"}
+"""What a row is, where its name alone would mislead."""
+
+
 def overrides(method: str, alpha: float, seed: int, rounds: int) -> list[str]:
     base = ["dataset.partition.num_clients=10", f"dataset.partition.alpha={alpha}", "rounds.clients_per_round=10",
             "client.local_epochs=null", "client.local_steps=10", f"rounds.num_rounds={rounds}",
@@ -91,7 +95,7 @@ def write_table(results, args) -> None:
             bests = [results[(alpha, method, s)][0]["best_test_accuracy"] for s in args.seeds]
             cells += [f"{100 * np.mean(finals):.1f} ± {100 * np.std(finals):.1f}",
                       f"{100 * np.mean(bests):.1f} ± {100 * np.std(bests):.1f}"]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
     text = (f"Test accuracy (%) after {args.rounds} rounds, mean ± std over seeds {args.seeds}; "
             "`python benchmarks/baselines_table.py " + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
                                                             for k, v in (("seeds", args.seeds), ("alphas", args.alphas),

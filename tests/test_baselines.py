@@ -140,7 +140,7 @@ def test_unit_step_is_fednovas_momentum_normaliser_times_the_rate(tiny_data, tin
     arrays = jax.device_put(tiny_data.train)
     _, stats = train_locally(tiny_classifier.init(jax.random.key(0)), tiny_classifier.loss,
                              optax.sgd(lr, momentum=rho), client, arrays, jax.random.key(1),
-                             LocalSchedule(4, local_steps=tau))
+                             LocalSchedule(4, local_steps=tau), LocalHooks(unit_step=True))
     series = sum((1 - rho**r) / (1 - rho) for r in range(1, tau + 1))  # FedNova's a_k, Appendix
     np.testing.assert_allclose(stats.unit_step, lr * series, rtol=1e-5)
 

@@ -95,6 +95,7 @@ class Component(NamedTuple):
       step_output: ``(view, StepRecord) -> pytree``, stacked over the steps into ``LocalStats.step_outputs``
         (a dict keyed by component name).
       finish: ``(view, LocalResult) -> (message_part, new_state)``; a message part of ``None`` sends nothing.
+      needs_unit_step: ``finish`` reads ``result.stats.unit_step``.
 
     Server side:
       server_init: ``(global_variables) -> state``.
@@ -113,6 +114,7 @@ class Component(NamedTuple):
     batch: Callable[[ClientView], Callable[[Arrays, jax.Array, jax.Array], Arrays]] | None = None
     step_output: Callable[[ClientView, StepRecord], PyTree] | None = None
     finish: Callable[[ClientView, LocalResult], tuple[PyTree | None, PyTree]] | None = None
+    needs_unit_step: bool = False
     server_init: Callable[[Params], PyTree] | None = None
     aggregate: Callable[[ServerView, Params], tuple[Params, Metrics]] | None = None
     after_step: Callable[[ServerView, Params], tuple[PyTree, Params, Metrics]] | None = None
@@ -171,4 +173,5 @@ def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) ->
         grad_fn=(lambda fn, c=grad_fns[0][0], v=grad_fns[0][1]: c.grad_fn(v, fn)) if grad_fns else None,
         batch=batch if batches else None,
         step_output=(lambda record: {c.name: c.step_output(v, record) for c, v in outputs}) if outputs else None,
+        unit_step=any(c.needs_unit_step for c in components),
     )

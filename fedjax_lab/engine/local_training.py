@@ -88,7 +88,8 @@ class LocalStats(NamedTuple):
       unit_step: how far the client optimiser moved a parameter whose gradient was 1 at every step, i.e.
         ``eta * a_k``: ``K eta`` for SGD, ``eta [K - rho (1 - rho^K) / (1 - rho)] / (1 - rho)`` with heavy-ball
         momentum ``rho`` (FedNova's ``a_k``), about ``K eta`` for Adam. SCAFFOLD and FedNova normalise by it, so
-        they follow whatever optimiser the clients run.
+        they follow whatever optimiser the clients run. Measured only when ``LocalHooks.unit_step`` asks
+        for it (NaN otherwise).
       step_outputs: what the hooks' ``step_output`` returned at each step, stacked ``[max_steps, ...]`` (rows past
         ``num_steps`` are zeros); ``()`` without such hooks.
     """
@@ -132,6 +133,7 @@ class LocalHooks(NamedTuple):
       grad_fn: turns the plain ``GradFn`` into another (FedSAM's sharpness-aware gradient).
       batch: ``(batch, step, key) -> batch``, the batch source: changes or extends each batch before the step.
       step_output: ``(record: StepRecord) -> pytree`` kept for every step and returned stacked.
+      unit_step: measure :attr:`LocalStats.unit_step` (a scalar shadow of the optimiser, stepped with the model).
     """
 
     loss_terms: tuple[LossTerm, ...] = ()
@@ -141,6 +143,7 @@ class LocalHooks(NamedTuple):
     grad_fn: Callable[[GradFn], GradFn] | None = None
     batch: Callable[[Arrays, jax.Array, jax.Array], Arrays] | None = None
     step_output: Callable[[StepRecord], PyTree] | None = None
+    unit_step: bool = False
 
 
 def epoch_permutations(key: jax.Array, num_examples: jax.Array, max_examples: int, num_epochs: int) -> jax.Array:
@@ -255,7 +258,7 @@ def train_locally(
     if hooks.grad_fn is not None:
         grad_fn = hooks.grad_fn(grad_fn)
     full_optimizer = optax.chain(*[t for t in (hooks.gradient, optimizer, hooks.update) if t is not None])
-    tracker_init, tracker_step = unit_step_tracker(optimizer)
+    tracker_init, tracker_step = unit_step_tracker(optimizer) if hooks.unit_step else (lambda: (), lambda t: t)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
     def step(carry, s):
@@ -294,6 +297,7 @@ def train_locally(
 
         _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body, (jnp.zeros((), jnp.int32), carry))
         outputs = ()
-    params, model_state, _, (position, _), loss_sum = carry
+    params, model_state, _, tracker, loss_sum = carry
     trained = merge_variables(params, model_state, variables)
-    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, -position, outputs)
+    unit_step = -tracker[0] if hooks.unit_step else jnp.full((), jnp.nan, jnp.float32)
+    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, unit_step, outputs)

@@ -40,7 +40,7 @@ def normalised_averaging() -> Component:
         return merge_variables(params, split_variables(mean_delta)[1], mean_delta), {
             "tau_eff": jnp.sum(view.weights * view.messages["fednova"]) / jnp.sum(view.weights)}
 
-    return Component("fednova", finish=finish, aggregate=aggregate)
+    return Component("fednova", finish=finish, aggregate=aggregate, needs_unit_step=True)
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -94,6 +94,7 @@ def control_variates(loss_fn: LossFn | None = None, batch_size: int = 64, option
         return tree_add(view.state, moved), params, {}
 
     return Component("scaffold", client_init=zeros, server_init=zeros, finish=finish, after_step=after_step,
+                     needs_unit_step=correction == "through_optimizer",
                      **({"gradient": gradient} if correction == "through_optimizer" else {"update": update}))
 
 
