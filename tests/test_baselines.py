@@ -9,6 +9,7 @@ import pytest
 from fedjax_lab.engine import (
     ClientData,
     CohortPlan,
+    LocalHooks,
     LocalSchedule,
     init_loop_state,
     make_run_rounds,

@@ -36,6 +36,8 @@ class RoundInputs(NamedTuple):
       client_example_ids: int32 ``[num_clients, max_examples]``, each client's rows into ``train_arrays``.
       client_num_examples: int32 ``[num_clients]``.
       server_arrays: data held by the server (may be empty).
+      hparams: the run's hyper-parameters as arrays (``fedjax_lab/experiments/hyperparams.py``), read by an
+        algorithm built inside the round; ``None`` when the algorithm was built with constants.
     """
 
     key: jax.Array
@@ -43,6 +45,7 @@ class RoundInputs(NamedTuple):
     client_example_ids: jax.Array
     client_num_examples: jax.Array
     server_arrays: Arrays
+    hparams: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +88,17 @@ def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any) ->
     return jax.tree.map(lambda x: x.reshape((cohort_size,) + x.shape[2:]), out)
 
 
-def run_round(algorithm: Algorithm, plan: CohortPlan, state: LoopState, inputs: RoundInputs):
-    """One round: ``(state, inputs) -> (state, metrics)``. Pure; see the module docstring."""
+AlgorithmAt = Callable[[RoundInputs, jax.Array], Algorithm]
+"""``algorithm_at(inputs, round) -> Algorithm``: an algorithm built inside the compiled round from the run's
+hyper-parameters (``inputs.hparams``, e.g. a learning rate on its schedule) and key."""
+
+
+def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopState, inputs: RoundInputs):
+    """One round: ``(state, inputs) -> (state, metrics)``. Pure; see the module docstring. ``algorithm`` is an
+    :class:`Algorithm`, or a function building one for the round (:data:`AlgorithmAt`)."""
     r = state.round
+    if callable(algorithm):
+        algorithm = algorithm(inputs, r)
     ids = sample_cohort(randomness.round_key(inputs.key, r, randomness.Purpose.COHORT),
                         plan.num_clients, plan.cohort_size)
     clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids])
@@ -108,7 +119,7 @@ def run_round(algorithm: Algorithm, plan: CohortPlan, state: LoopState, inputs: 
     return LoopState(server_state, client_states, r + 1), metrics
 
 
-def make_run_rounds(algorithm: Algorithm, plan: CohortPlan):
+def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan):
     """A jitted ``run_rounds(state, inputs, num_rounds) -> (state, metrics)``: ``num_rounds`` rounds in one
     ``lax.scan``; each metric comes back with a leading ``num_rounds`` axis."""
 

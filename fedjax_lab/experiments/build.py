@@ -15,6 +15,7 @@ from fedjax_lab import models
 from fedjax_lab.data import FederatedDataset
 from fedjax_lab.engine import (
     Algorithm,
+    AlgorithmAt,
     CohortPlan,
     Evaluator,
     LocalSchedule,
@@ -24,6 +25,7 @@ from fedjax_lab.engine import (
     make_run_rounds,
     randomness,
 )
+from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.methods import registry, server_optimizers
@@ -102,14 +104,15 @@ def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classi
     return classifier
 
 
-def build_client_optimizer(config: Config) -> optax.GradientTransformation:
-    """The clients' optax optimiser."""
-    c = config.client
-    if c.optimizer == "sgd":
-        opt = optax.sgd(c.learning_rate, momentum=c.momentum or None)
+def build_client_optimizer(config: Config, structure: Config | None = None) -> optax.GradientTransformation:
+    """The clients' optax optimiser with ``config``'s values (numbers, or arrays inside the compiled round); which
+    transformations it chains (a momentum buffer, weight decay) follows ``structure`` (default ``config``)."""
+    c, s = config.client, (structure or config).client
+    if s.optimizer == "sgd":
+        opt = optax.sgd(c.learning_rate, momentum=c.momentum if s.momentum else None)
     else:
         opt = optax.adam(c.learning_rate)
-    return optax.chain(optax.add_decayed_weights(c.weight_decay), opt) if c.weight_decay else opt
+    return optax.chain(optax.add_decayed_weights(c.weight_decay), opt) if s.weight_decay else opt
 
 
 def build_server_optimizer(config: Config) -> optax.GradientTransformation:
@@ -154,12 +157,19 @@ def is_reference(config: Config) -> bool:
     return registry.REGISTRY[config.algorithm.name].reference
 
 
-def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> Algorithm:
+def build_algorithm(config: Config, classifier: models.Classifier, dataset: FederatedDataset,
+                    key: jax.Array | None = None, structure: Config | None = None) -> Algorithm:
     """The algorithm of ``config.algorithm``: the FedAvg round with the components of the base method and of the
     component plug-ins, in the order listed, then wrapped by the wrapper plug-ins, in the order listed
-    (``fedjax_lab/methods/registry.py``)."""
-    context = registry.BuildContext(config, classifier, dataset, build_client_optimizer(config),
-                                    build_schedule(config, dataset))
+    (``fedjax_lab/methods/registry.py``).
+
+    ``config`` may hold arrays for its data fields (``hyperparams.with_values``); ``structure`` is the config that
+    decides structure (default ``config``), and ``key`` the run's root key (default from ``config.seed``).
+    """
+    structure = structure or config
+    key = randomness.base_key(structure.seed) if key is None else key
+    context = registry.BuildContext(structure, classifier, dataset, build_client_optimizer(config, structure),
+                                    build_schedule(structure, dataset), key, config)
     a = config.algorithm
     entries = [(registry.REGISTRY[m.name], m) for m in (a, *a.plugins)]
     components = [c for spec, m in entries if not spec.wrapper for c in spec.load_builder()(m, context)]
@@ -169,6 +179,17 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
         if spec.wrapper:
             algorithm = spec.load_builder()(m, context)(algorithm)
     return algorithm
+
+
+def make_algorithm_at(config: Config, classifier: models.Classifier, dataset: FederatedDataset) -> AlgorithmAt:
+    """``algorithm_at(inputs, round)``: the algorithm built inside the compiled round from ``inputs.hparams`` on
+    their schedules at ``round`` and the run's key ``inputs.key``; ``config`` gives the structure."""
+
+    def algorithm_at(inputs: RoundInputs, round_index) -> Algorithm:
+        values = hyperparams.values_at(config, inputs.hparams, round_index)
+        return build_algorithm(hyperparams.with_values(config, values), classifier, dataset, inputs.key, config)
+
+    return algorithm_at
 
 
 @dataclasses.dataclass
@@ -183,6 +204,7 @@ class Experiment:
     inputs: RoundInputs
     evaluator: Evaluator
     run_rounds: Any
+    algorithm_at: Any = None
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -208,7 +230,7 @@ def build_experiment(config: Config) -> Experiment:
         raise ConfigError(f"rounds.clients_per_round must be <= the number of clients ({dataset.num_clients}), "
                           f"got {config.rounds.clients_per_round}")
     classifier = build_classifier(config, dataset)
-    algorithm = build_algorithm(config, classifier, dataset)
+    algorithm_at = make_algorithm_at(config, classifier, dataset)
     chunk_size = config.rounds.chunk_size or default_chunk_size(config.rounds.clients_per_round,
                                                                  jax.default_backend(), config.model.name)
     cohort = 1 if is_reference(config) else config.rounds.clients_per_round
@@ -219,10 +241,11 @@ def build_experiment(config: Config) -> Experiment:
         client_example_ids=jnp.asarray(dataset.client_train_ids),
         client_num_examples=jnp.asarray(dataset.client_train_counts),
         server_arrays=jax.device_put(dataset.server) if dataset.server is not None else {},
+        hparams=hyperparams.as_arrays(hyperparams.hyperparams(config)),
     )
     per_client = config.eval.per_client and dataset.client_test_ids is not None
     evaluator = Evaluator(classifier.example_metrics, dataset.test, config.eval.batch_size,
                           dataset.client_test_ids if per_client else None,
                           dataset.client_test_counts if per_client else None)
-    return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm, plan))
+    return Experiment(config, dataset, classifier, algorithm_at(inputs, jnp.zeros((), jnp.int32)), plan, inputs,
+                      evaluator, make_run_rounds(algorithm_at, plan), algorithm_at)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedjax_lab.experiments.config import ConfigError, load_config
+from fedjax_lab.experiments.config import ConfigError, load_config, split_grid_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,6 +20,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in the run directory")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sweep = sub.add_parser("sweep", help="run a grid of seeds and hyper-parameters, as one program where it can")
+    sweep.add_argument("config", help="path to a YAML config")
+    sweep.add_argument("items", nargs="*", help="grid axes key=v1,v2,... (e.g. seed=0,1,2,3 client.learning_rate=0.01,0.05) "
+                                                "and plain key=value overrides")
+    sweep.add_argument("--sweep-dir", help="where the members' run directories and the table go "
+                                           "(default: runs/<config name>_sweep)")
+    sweep.add_argument("--resume", action="store_true", help="continue every member from its latest checkpoint")
+    sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
+    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: 8 on CPU, all elsewhere)")
+    sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")
     part.add_argument("config", help="path to a YAML config")
     part.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. dataset.partition.alpha=0.1")
@@ -49,6 +59,23 @@ def _run(args) -> int:
           f"{summary['rounds_per_second']:.2f} rounds/s on {summary['backend']}")
     print(f"results in {run_dir}/ (metrics.jsonl, summary.json, curves.png)")
     return 0
+
+
+def _sweep(args) -> int:
+    grid, overrides = split_grid_args(args.items)
+    config = load_config(args.config, overrides)
+    sweep_dir = Path(args.sweep_dir or Path("runs") / f"{Path(args.config).stem}_sweep")
+    if not grid:
+        raise ConfigError("sweep: give at least one grid axis key=v1,v2,..., e.g. seed=0,1,2")
+    if (sweep_dir / "sweep.json").exists() and not (args.resume or args.overwrite):
+        raise ConfigError(f"sweep directory {sweep_dir} already holds a sweep; pass --resume or --overwrite")
+    from fedjax_lab.experiments.sweep import run_sweep
+
+    summary = run_sweep(config, grid, sweep_dir, resume=args.resume, overwrite=args.overwrite,
+                        progress=not args.no_progress, member_chunk=args.chunk)
+    print((sweep_dir / "sweep.md").read_text())
+    print(f"results in {sweep_dir}/ (one run directory per member, sweep.md, sweep.json, curves.png)")
+    return EXIT_DIVERGED if any(m["diverged"] for m in summary["members"]) else 0
 
 
 def _partition(args) -> int:
@@ -86,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # Overrides may also come after options (``run c.yaml --no-progress seed=3``); argparse leaves those over.
-    stray = [item for item in extra if item.startswith("-") or "=" not in item or not hasattr(args, "overrides")]
+    listed = "overrides" if hasattr(args, "overrides") else "items" if hasattr(args, "items") else None
+    stray = [item for item in extra if item.startswith("-") or "=" not in item or listed is None]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
-        args.overrides = [*args.overrides, *extra]
+        setattr(args, listed, [*getattr(args, listed), *extra])
     try:
-        return {"run": _run, "partition": _partition, "plot": _plot}[args.command](args)
+        return {"run": _run, "sweep": _sweep, "partition": _partition, "plot": _plot}[args.command](args)
     except ConfigError as error:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

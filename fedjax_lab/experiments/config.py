@@ -167,6 +167,7 @@ class ClientConfig(Section):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     batch_size: PositiveInt = 10
+    schedule: registry.ScheduleConfig = Field(registry.ScheduleConfig(), description="learning_rate over rounds")
     local_steps: PositiveInt | None = None
     local_epochs: PositiveInt | None = None
 
@@ -418,3 +419,34 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
 def to_yaml(config: Config) -> str:
     """The fully resolved config, defaults included, as YAML."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+Grid = dict[str, list[Any]]
+"""A sweep's grid: ``{dotted.path: [values]}``."""
+
+
+def split_grid_args(args: list[str]) -> tuple[Grid, list[str]]:
+    """Command-line ``key=v1,v2,...`` items (a comma outside brackets) into grid axes, the others into overrides."""
+    grid, overrides = {}, []
+    for arg in args:
+        key, sep, text = arg.partition("=")
+        parts = _top_level_split(text)
+        if sep and len(parts) > 1:
+            try:
+                grid[key.strip()] = [yaml.safe_load(p) for p in parts]
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"grid {arg!r}: a value is not valid YAML ({exc})") from None
+        else:
+            overrides.append(arg)
+    return grid, overrides
+
+
+def _top_level_split(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]

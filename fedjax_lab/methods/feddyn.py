@@ -42,12 +42,12 @@ def dynamic_regularization(alpha: float) -> Component:
         return None, tree_sub(view.state, tree_scale(split_variables(result.delta)[0], alpha))
 
     def after_step(view, variables):
-        if not alpha:
-            return view.state, variables, {}
         drift_sum = jax.tree.map(lambda d: jnp.sum(d, 0), split_variables(view.messages["delta"])[0])
         h = tree_sub(view.state, tree_scale(drift_sum, alpha / view.context.num_clients))
         params, model_state = split_variables(variables)
-        return h, merge_variables(tree_sub(params, tree_scale(h, 1.0 / alpha)), model_state, variables), {}
+        # alpha = 0 is FedAvg: h stays 0 and the correction h / alpha is dropped rather than 0 / 0.
+        shift = tree_scale(h, jnp.where(alpha > 0, 1.0 / jnp.maximum(alpha, 1e-30), 0.0))
+        return h, merge_variables(tree_sub(params, shift), model_state, variables), {}
 
     return Component("feddyn", client_init=zeros, loss_term=loss_term, finish=finish, server_init=zeros,
                      after_step=after_step)

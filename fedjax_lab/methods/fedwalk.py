@@ -171,7 +171,7 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
         raise ValueError("FedWalk adds its client-loss report to the base algorithm's clients; build the base "
                          "from components (fedjax_lab.methods.fedavg.fedavg)")
     inner = base.with_components(client_loss_report(leash.classifier, client_loss, client_loss_examples))
-    optimizer = optax.sgd(learning_rate, momentum=momentum or None)
+    optimizer = optax.sgd(learning_rate, momentum=momentum)
 
     def server_init(params):
         return FedWalkState(inner.server_init(params), leash.init_head(head_key, params), jnp.zeros((), jnp.float32),
@@ -225,7 +225,7 @@ def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, 
     """The ablation's "pre-training" (Fig. 4): ``num_steps`` leash steps on the initial model before FL, which
     then runs without a leash; returns the model and the leash head (which FL does not use)."""
     head = leash.init_head(head_key, variables)
-    optimizer = optax.sgd(learning_rate, momentum=momentum or None)
+    optimizer = optax.sgd(learning_rate, momentum=momentum)
     return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)
 
 
@@ -234,8 +234,8 @@ def build(config, context) -> Callable[[Algorithm], Algorithm]:
     optionally from a model and leash head pre-trained on it, or (``mode: pretrain``) the ablation's pre-training
     followed by X without a leash. The leash head and the pre-training batches are drawn from the run's seed."""
     leash = LeashTask(context.classifier, int(context.dataset.server["y"].max()) + 1)
-    head_key = component_key(randomness.init_key(randomness.base_key(context.config.seed)), "fedwalk")
-    rate = config.learning_rate or context.config.client.learning_rate
+    head_key = component_key(randomness.init_key(context.key), "fedwalk")
+    rate = context.values.client.learning_rate if config.learning_rate is None else config.learning_rate
     pretrain_steps = config.pretrain_steps or 0
     if config.mode == "pretrain" and not pretrain_steps:
         pretrain_steps = context.config.rounds.num_rounds * config.steps

@@ -48,6 +48,20 @@ class Fields(BaseModel):
         return data
 
 
+class ScheduleConfig(Fields):
+    """A learning rate's multiplier over rounds (``fedjax_lab/experiments/hyperparams.py``)."""
+
+    name: Literal["constant", "step", "exponential", "cosine"] = "constant"
+    boundaries: tuple[PositiveInt, ...] = Field((), description="step: rounds from which the rate is multiplied by "
+                                                                "factor once more")
+    factor: PositiveFloat = Field(0.1, description="step: the multiplier at each boundary; exponential: the "
+                                                   "multiplier after decay_rounds")
+    decay_rounds: PositiveInt | None = Field(None, description="exponential, cosine: the decay's length "
+                                                               "(default rounds.num_rounds)")
+    final_fraction: float = Field(0.0, ge=0, le=1, description="cosine: the final multiplier")
+    warmup_rounds: int = Field(0, ge=0, description="linear warm-up from 1/warmup_rounds to 1 first (any schedule)")
+
+
 class AlgorithmFields(Fields):
     """The fields every base method takes: the server optimiser applied to the averaged delta, the weights of
     the average, and the plug-ins added to the method."""
@@ -61,6 +75,7 @@ class AlgorithmFields(Fields):
     beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
     tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
+    server_schedule: ScheduleConfig = Field(ScheduleConfig(), description="server_learning_rate over rounds")
     plugins: tuple[Any, ...] = Field((), description="methods added to this one, each {name: ..., its fields}")
 
 
@@ -75,6 +90,10 @@ class BuildContext:
         server's data, or ``None``.
       client_optimizer: the clients' optax optimiser.
       schedule: the clients' ``LocalSchedule``.
+      key: the run's root key (a builder's randomness outside the rounds derives from it, never from a seed, so
+        that runs vmapped over seeds differ).
+      values: the config with this round's hyper-parameter values (arrays inside the compiled round); ``config``
+        is the static one, for structure.
     """
 
     config: Any
@@ -82,6 +101,8 @@ class BuildContext:
     dataset: Any
     client_optimizer: Any
     schedule: Any
+    key: Any = None
+    values: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,349 @@
+"""Many runs in one compiled program: a grid of seeds and hyper-parameters, vmapped.
+
+``run_sweep(config, {"seed": [0, 1, 2, 3], "client.learning_rate": [0.01, 0.05]})`` expands the grid into
+members (each a full config, written to its own run directory) and, when the members differ only in their seed
+and data fields (``hyperparams.py``), runs them as one program: the loop state is stacked over the members and
+``vmap``-ed, ``member_chunk`` members at a time (``lax.map`` over the chunks bounds memory, as ``chunk_size``
+does for the cohort). Members that change shapes or structure (a model size, the cohort, the method) run one
+after another instead, and the sweep says so. Either way each member's directory is an ordinary run directory
+(``config.yaml``, ``metrics.jsonl``, checkpoints, ``summary.json``, ``curves.png``) that ``fedjax-lab run
+--resume`` continues, and the sweep writes ``sweep.md`` / ``sweep.json`` (final and best accuracy per member, mean
+and spread over seeds) and ``curves.png`` (the curves of each setting with their spread over seeds).
+
+A seed in a grid varies the training's randomness (initialisation, cohorts, shuffles); the data and its
+partition stay those of the base config's seed, which each member's config pins (``dataset.seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from fedjax_lab.data.report import write_partition_report
+from fedjax_lab.engine import init_loop_state, randomness, run_round
+from fedjax_lab.engine.simulation import map_cohort
+from fedjax_lab.experiments import hyperparams
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
+from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
+from fedjax_lab.experiments.runner import _block_rows, _summarise, divergence, run_experiment
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One run of a sweep: its name (its grid values), those values, and its whole config."""
+
+    name: str
+    values: dict[str, Any]
+    config: Config
+
+
+def expand(config: Config, grid: Grid) -> list[Member]:
+    """The grid's members in order (the last key varies fastest), each validated.
+
+    Raises:
+      ConfigError: an empty axis, or a member whose config is invalid (named by its values).
+    """
+    for key, values in grid.items():
+        if not values:
+            raise ConfigError(f"grid {key}: give at least one value")
+    raw = config.model_dump(mode="json")
+    if "seed" in grid and "seed" in type(config.dataset).model_fields and raw["dataset"].get("seed") is None:
+        raw["dataset"]["seed"] = config.seed  # the data stays the base config's; only training randomness varies
+    members = []
+    for combination in itertools.product(*grid.values()):
+        values = dict(zip(grid, combination))
+        member_raw = json.loads(json.dumps(raw))
+        for key, value in values.items():
+            apply_override(member_raw, f"{key}={json.dumps(value)}")
+        name = ",".join(f"{key}={value}" for key, value in values.items())
+        try:
+            members.append(Member(name, values, validate(member_raw)))
+        except ConfigError as error:
+            raise ConfigError(f"sweep member {name}: {error}") from None
+    return members
+
+
+def why_not_one_program(members: list[Member]) -> str | None:
+    """Why the members cannot share one compiled program (they differ in more than their seeds and data
+    fields), or ``None``."""
+    def structure(member):
+        dump = member.config.model_dump(mode="json")
+        dump.pop("seed")
+        for path in hyperparams.hyperparams(member.config):
+            node = dump
+            *parents, leaf = path.split(".")
+            for key in parents:
+                node = next(p for p in node if p["name"] == key) if isinstance(node, list) else node[key]
+            node.pop(leaf)
+        return dump
+
+    first = structure(members[0])
+    for member in members[1:]:
+        if structure(member) != first:
+            keys = [k for k in member.values if k != "seed" and k not in hyperparams.hyperparams(member.config)]
+            return (f"{', '.join(keys) or 'the grid'} changes the program's structure or shapes (only seed and the "
+                    f"float fields of client and algorithm are data: {', '.join(hyperparams.hyperparams(member.config))})")
+    return None
+
+
+def default_member_chunk(num_members: int, backend: str) -> int:
+    """Members vmapped at once when ``member_chunk`` is unset: all of them on an accelerator; on CPU up to 8,
+    with the cohort trained one client at a time (docs/benchmarks.md has the measurements)."""
+    if backend != "cpu":
+        return num_members
+    return max(d for d in range(1, min(num_members, 8) + 1) if num_members % d == 0)
+
+
+def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *, resume: bool = False,
+              overwrite: bool = False, progress: bool = True, member_chunk: int | None = None,
+              stop_after_round: int | None = None) -> dict[str, Any]:
+    """Runs every member of ``grid`` over ``config`` (see the module docstring) and returns the sweep summary,
+    also written to ``sweep_dir/sweep.json``.
+
+    Args:
+      config: the base config; the grid's keys are dotted paths of it (``seed``, ``client.learning_rate``,
+        ``algorithm.plugins.fedwalk.tau``, or any other field, which makes the members run one after another).
+      grid: ``{path: [values]}``.
+      sweep_dir: where the members' run directories and the sweep table go (default ``runs/sweep``).
+      resume, overwrite: as for a single run, for every member.
+      member_chunk: members vmapped at once (must divide their number); default per backend.
+      stop_after_round: stop early, as an interruption would.
+    """
+    sweep_dir = Path(sweep_dir or "runs/sweep")
+    members = expand(config, grid)
+    reason = why_not_one_program(members) if len(members) > 1 else "a single member"
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
+    if overwrite and sweep_dir.exists():
+        shutil.rmtree(sweep_dir)
+    start = time.perf_counter()
+    if reason is None:
+        chunk = member_chunk or default_member_chunk(len(members), jax.default_backend())
+        if len(members) % chunk:
+            raise ConfigError(f"--chunk must divide the number of members ({len(members)}), got {chunk}")
+        layout = f"one program, {chunk} member(s) vmapped at a time"
+        print(f"fedjax-lab: sweep of {len(members)} members as {layout}", file=sys.stderr)
+        summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round)
+    else:
+        layout = f"one after another ({reason})"
+        print(f"fedjax-lab: sweep of {len(members)} members runs {layout}", file=sys.stderr)
+        summaries = [run_experiment(m.config, sweep_dir / m.name, resume=resume, progress=progress,
+                                    stop_after_round=stop_after_round) for m in members]
+    return write_sweep_report(sweep_dir, members, summaries, grid, layout, time.perf_counter() - start)
+
+
+def _stack(trees: list[Any]) -> Any:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _member(tree: Any, i: int) -> Any:
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+@dataclasses.dataclass
+class SweepProgram:
+    """The members' runs as one compiled program: ``states = program.initial_states()``, then
+    ``states, metrics = program.run(states, num_rounds)`` (every leaf with a leading member axis)."""
+
+    experiment: Any
+    keys: jax.Array
+    values: dict[str, jax.Array]
+    member_chunk: int
+    _init: Any = None
+    _run: Any = None
+
+    def initial_states(self):
+        return self._init(self.keys, self.values, self.experiment.inputs)
+
+    def run(self, states, num_rounds: int):
+        return self._run(states, self.keys, self.values, self.experiment.inputs, num_rounds=num_rounds)
+
+
+def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: int | None = None) -> SweepProgram:
+    """Builds the shared program once from the members' structure config (:func:`_structure_config`) and
+    vmaps it over their keys and hyper-parameter values, ``member_chunk`` members at a time. ``cohort_chunk``
+    overrides the cohort's chunk size (default on CPU: one client at a time, which measured fastest once the
+    members are vmapped; docs/benchmarks.md)."""
+    structure = _structure_config(members)
+    experiment = build_experiment(structure)
+    if cohort_chunk is None and jax.default_backend() == "cpu" and structure.rounds.chunk_size is None:
+        cohort_chunk = 1
+    if cohort_chunk is not None:
+        experiment = dataclasses.replace(experiment, plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
+    algorithm_at, plan, classifier = experiment.algorithm_at, experiment.plan, experiment.classifier
+
+    @jax.jit
+    def initial_states(keys, values, inputs):
+        def one(key, hp):
+            member_inputs = inputs._replace(key=key, hparams=hp)
+            params = classifier.init(randomness.init_key(key))
+            return init_loop_state(algorithm_at(member_inputs, jnp.zeros((), jnp.int32)), params, plan.num_clients)
+
+        return map_cohort(one, member_chunk, keys, values)
+
+    @functools.partial(jax.jit, static_argnames="num_rounds")
+    def run_rounds(states, keys, values, inputs, num_rounds):
+        def one(state, key, hp):
+            member_inputs = inputs._replace(key=key, hparams=hp)
+            return jax.lax.scan(lambda s, _: run_round(algorithm_at, plan, s, member_inputs), state, None,
+                                length=num_rounds)
+
+        return map_cohort(one, member_chunk, states, keys, values)
+
+    keys = jnp.stack([randomness.base_key(m.config.seed) for m in members])
+    values = _stack([hyperparams.as_arrays(hyperparams.hyperparams(m.config)) for m in members])
+    return SweepProgram(experiment, keys, values, member_chunk, initial_states, run_rounds)
+
+
+def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bool, progress: bool,
+                  stop_after_round: int | None) -> list[dict[str, Any]]:
+    """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics, checkpoint."""
+    program = build_sweep_program(members, chunk)
+    experiment = program.experiment
+    directories = [RunDirectory(sweep_dir / m.name, m.config.checkpoint.keep) for m in members]
+    states = program.initial_states()
+    resumed = [d.latest_checkpoint_round() for d in directories] if resume else []
+    if resume and all(r is not None for r in resumed):
+        states = _stack([d.restore_checkpoint(_member(states, i)) for i, d in enumerate(directories)])
+        first = int(states.round[0])
+        if any(int(r) != first for r in states.round):
+            raise ConfigError(f"cannot resume {sweep_dir}: its members' checkpoints are at different rounds "
+                              f"({sorted({int(r) for r in states.round})}); resume them one by one with fedjax-lab run")
+        for d in directories:
+            d.truncate_metrics(first)
+    else:
+        for i, (member, d) in enumerate(zip(members, directories)):
+            d.config_path.write_text(to_yaml(member.config))
+            write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
+            d.metrics_path.write_text("")
+            d.append_metrics([{"round": 0, **experiment.evaluator(member_params(experiment, states, i))}])
+
+    config = members[0].config
+    total, every = config.rounds.num_rounds, config.eval.every
+    stop = total if stop_after_round is None else min(stop_after_round, total)
+    initial_losses = [d.read_metrics()[0].get("test_loss", 1.0) for d in directories]
+    diverged: list[str | None] = [None] * len(members)
+    timings, blocks_run = [], 0
+    bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress, dynamic_ncols=True,
+               desc=f"sweep of {len(members)}")
+    while int(states.round[0]) < stop:
+        first = int(states.round[0])
+        num_rounds = min(every - first % every, stop - first)
+        begin = time.perf_counter()
+        states, metrics = program.run(states, num_rounds)
+        metrics = jax.device_get(metrics)
+        timings.append((num_rounds, time.perf_counter() - begin))
+        evaluate = int(states.round[0]) % every == 0 or int(states.round[0]) == total
+        blocks_run += 1
+        for i, d in enumerate(directories):
+            if diverged[i]:
+                continue
+            rows = _block_rows(first, {k: v[i] for k, v in metrics.items()})
+            if evaluate:
+                rows[-1].update(experiment.evaluator(member_params(experiment, states, i)))
+            diverged[i] = divergence(rows, initial_losses[i])
+            if diverged[i]:
+                rows[-1]["diverged"] = diverged[i]
+                print(f"fedjax-lab: member {members[i].name} diverged ({diverged[i]})", file=sys.stderr)
+            d.append_metrics(rows)
+            if int(states.round[0]) == total or (config.checkpoint.every_blocks
+                                                 and blocks_run % config.checkpoint.every_blocks == 0):
+                d.save_checkpoint(_member(states, i))
+        bar.update(num_rounds)
+    bar.close()
+    summaries = []
+    for i, (member, d) in enumerate(zip(members, directories)):
+        summary = {**_summarise(d, timings, experiment), "diverged": diverged[i],
+                   "sweep_members_per_program": len(members)}
+        if int(states.round[0]) == total or diverged[i]:
+            d.write_summary(summary)
+            from fedjax_lab.experiments.plots import plot_runs
+
+            plot_runs([d.path], d.path / "curves.png")
+        summaries.append(summary)
+    return summaries
+
+
+def member_params(experiment, states, i: int):
+    """Member ``i``'s global model."""
+    return experiment.algorithm.model_params(_member(states, i).server_state)
+
+
+def _structure_config(members: list[Member]) -> Config:
+    """The config that decides the shared program's structure: the first member's, with a momentum buffer or
+    weight decay wherever any member uses one (at a value of 0 they compute exactly what their absence does)."""
+    base = members[0].config
+    client = base.client.model_copy(update={
+        "momentum": max(m.config.client.momentum for m in members),
+        "weight_decay": max(m.config.client.weight_decay for m in members)})
+    return base.model_copy(update={"client": client})
+
+
+def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[dict[str, Any]], grid: Grid,
+                       layout: str, seconds: float) -> dict[str, Any]:
+    """``sweep.json``, ``sweep.md`` (a row per member, then mean ± std over seeds for each setting) and
+    ``curves.png`` (each setting's mean test accuracy with its spread over seeds)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"member": m.name, **m.values, "final_accuracy": s["final"].get("test_accuracy"),
+             "best_accuracy": s.get("best_test_accuracy"), "best_round": s.get("best_round"),
+             "diverged": s.get("diverged")} for m, s in zip(members, summaries)]
+    settings: dict[str, list[int]] = {}
+    for i, m in enumerate(members):
+        settings.setdefault(",".join(f"{k}={v}" for k, v in m.values.items() if k != "seed") or "all", []).append(i)
+    groups = []
+    for label, idx in settings.items():
+        finals = [rows[i]["final_accuracy"] for i in idx]
+        bests = [rows[i]["best_accuracy"] for i in idx]
+        groups.append({"setting": label, "members": len(idx), "final_mean": float(np.mean(finals)),
+                       "final_std": float(np.std(finals)), "best_mean": float(np.mean(bests)),
+                       "best_std": float(np.std(bests))})
+    summary = {"grid": grid, "layout": layout, "seconds": seconds, "members": rows, "settings": groups}
+    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    lines = [f"# Sweep: {len(members)} members, {layout}, {seconds:.0f} s", "",
+             "| member | final accuracy | best accuracy (round) | diverged |", "|---|---:|---:|---|"]
+    lines += [f"| {r['member']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} ({r['best_round']}) | "
+              f"{r['diverged'] or ''} |" for r in rows]
+    lines += ["", "Over seeds (mean ± std):", "", "| setting | members | final accuracy | best accuracy |",
+              "|---|---:|---:|---:|"]
+    lines += [f"| {g['setting']} | {g['members']} | {g['final_mean']:.4f} ± {g['final_std']:.4f} | "
+              f"{g['best_mean']:.4f} ± {g['best_std']:.4f} |" for g in groups]
+    (sweep_dir / "sweep.md").write_text("\n".join(lines) + "\n")
+    _plot_spread(sweep_dir, members, settings)
+    return summary
+
+
+def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, list[int]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, idx in settings.items():
+        curves = [[(r["round"], r["test_accuracy"]) for r in read_metrics(sweep_dir / members[i].name)
+                   if "test_accuracy" in r] for i in idx]
+        length = min(len(c) for c in curves)
+        rounds = np.array([x for x, _ in curves[0][:length]])
+        accuracy = np.array([[y for _, y in c[:length]] for c in curves])
+        mean, std = accuracy.mean(0), accuracy.std(0)
+        (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(idx)})")
+        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(sweep_dir / "curves.png", dpi=110)
+    plt.close(fig)
