@@ -28,7 +28,7 @@ def doc(tmp_path_factory):
         if header:
             (folder / header.group(1)).write_text(block)
         elif "walked =" not in block:  # the usage example needs a test's loss function: see _doc_namespace
-            exec(block, namespace)
+            exec(block, namespace)  # noqa: S102 - the doc is the code under test
     yield namespace
     registry.REGISTRY.pop("fedclip", None)
     sys.path.remove(str(folder))
@@ -39,7 +39,7 @@ def _doc_namespace(namespace, loss_fn):
     namespace["loss_fn"] = loss_fn
     # The usage block builds with the loss function of the test; run it again with this one.
     usage = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL) if "walked =" in b]
-    exec(usage[0], namespace)
+    exec(usage[0], namespace)  # noqa: S102 - the doc is the code under test
     return namespace
 
 

@@ -40,6 +40,7 @@ from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_overr
 from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
 from fedjax_lab.experiments.runner import _block_rows, _summarise, divergence, run_experiment
 
+
 @dataclasses.dataclass(frozen=True)
 class Member:
     """One run of a sweep: its name (its grid values), those values, and its whole config."""
