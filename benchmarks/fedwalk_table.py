@@ -13,6 +13,7 @@ Usage::
     python benchmarks/fedwalk_table.py --parts table --seeds 0
     python benchmarks/fedwalk_table.py --reverse &           # a second process shares the jobs (more throughput)
     python benchmarks/fedwalk_table.py --parts table100      # the CIFAR-100 columns
+    python benchmarks/fedwalk_table.py --parts table300      # Table 2 at 300 rounds with the paper's lr schedule
 """
 
 from __future__ import annotations
@@ -78,15 +79,30 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
           f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
 
 
-def table_jobs(seeds, settings=SETTINGS):
+def table_jobs(seeds, settings=SETTINGS, prefix="table", bases=tuple(BASES), extra_overrides=()):
     for setting, config_file in settings.items():
         for seed in seeds:
-            for base, extra in BASES.items():
+            for base in bases:
                 for walk in (False, True):
                     method = f"{base}+fedwalk" if walk else base
-                    yield (f"table/{setting}/{method}/seed{seed}", config_file,
-                           [f"algorithm.name={base}", f"seed={seed}", *extra]
+                    yield (f"{prefix}/{setting}/{method}/seed{seed}", config_file,
+                           [f"algorithm.name={base}", f"seed={seed}", *BASES[base], *extra_overrides(base)]
                            + ([] if walk else ["algorithm.plugins=[]"]))
+
+
+PAPER_ROUNDS, DROP_ROUND, DROPPED_RATE = 300, 100, 1e-5
+
+
+def paper_schedule(base: str) -> list[str]:
+    """The paper's 300 rounds with its learning-rate schedule: the clients' rate (and the leash's, gamma = eta)
+    drops to 1e-5 at round 100; evaluated every 10 rounds."""
+    rate = 0.01 if base == "scaffold" else 0.05
+    return [f"rounds.num_rounds={PAPER_ROUNDS}", "eval.every=10",
+            f"client.schedule={{name: step, boundaries: [{DROP_ROUND}], factor: {DROPPED_RATE / rate:g}}}"]
+
+
+def table300_jobs(seeds, bases):
+    return table_jobs(seeds, SETTINGS, "table300", bases, paper_schedule)
 
 
 def strong_sweep_key(grade: str, tau: float) -> str:
@@ -134,14 +150,17 @@ def mean_std(values) -> str:
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}" if values else "–"
 
 
-def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str]) -> list[str]:
+def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str],
+                prefix: str = "table") -> list[str]:
     lines = [(f"| method | seeds | {columns[0]} final | {columns[0]} best | paper {columns[0]} | {columns[1]} final | "
              f"{columns[1]} best | paper {columns[1]} |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for base in BASES:
+        if not any(k.startswith(f"{prefix}/") and f"/{base}" in k for k in results):
+            continue
         for method in (base, f"{base}+fedwalk"):
             cells, counts = [], []
             for i, setting in enumerate(settings):
-                done = [results[k] for s in seeds if (k := f"table/{setting}/{method}/seed{s}") in results]
+                done = [results[k] for s in seeds if (k := f"{prefix}/{setting}/{method}/seed{s}") in results]
                 counts.append(str(len(done)))
                 cells += [mean_std([r["summary"]["final"]["test_accuracy"] for r in done]),
                           mean_std([r["summary"]["best_test_accuracy"] for r in done]), f"{paper[method][i]:.2f}"]
@@ -156,6 +175,11 @@ def write_report(results: dict, args) -> None:
               "Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
               "`python benchmarks/fedwalk_table.py`."), "",
              *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
+    if any(k.startswith("table300/") for k in results):
+        lines += ["", (f"The same rows at the paper's length, {PAPER_ROUNDS} rounds, with its learning-rate schedule "
+                       f"(the clients' and the leash's rate drop to {DROPPED_RATE:g} at round {DROP_ROUND}), "
+                       "evaluated every 10 rounds: `python benchmarks/fedwalk_table.py --parts table300`."), "",
+                  *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table300")]
     if any(k.startswith("table/c100") for k in results):
         lines += ["", ("CIFAR-100 (the leash is CIFAR-10's training set), same scale: "
                        "`python benchmarks/fedwalk_table.py --parts table100`."), "",
@@ -233,7 +257,9 @@ def plot_sweep(results: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
-                    choices=["table", "sweep", "pretrained", "table100"])
+                    choices=["table", "sweep", "pretrained", "table100", "table300"])
+    ap.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES),
+                    help="the methods of the 300-round table (each alone and + FedWalk)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
     ap.add_argument("--reverse", action="store_true", help="take the jobs last first (for a second process)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -242,7 +268,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     everything = (list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
-                  + list(table_jobs(args.seeds, SETTINGS100)))
+                  + list(table_jobs(args.seeds, SETTINGS100)) + list(table300_jobs(args.seeds, BASES)))
     if args.report_only:
         write_report(finished(Path(args.runs), everything), args)
         return
@@ -253,7 +279,8 @@ def main(argv=None) -> None:
     # look at every figure.
     first = [j for j in table if j[0].endswith("seed0")]
     table100 = list(table_jobs(args.seeds, SETTINGS100)) if "table100" in args.parts else []
-    jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100
+    table300 = list(table300_jobs(args.seeds, args.bases)) if "table300" in args.parts else []
+    jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100 + table300
     for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
         run(Path(args.runs), name, config_file, overrides)
         write_report(finished(Path(args.runs), everything), args)

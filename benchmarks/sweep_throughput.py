@@ -91,9 +91,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="rounds per timed call")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--ways", nargs="+", default=["sequential", "program chunk=8 cohort=1", "program chunk=4 cohort=1",
-                                                  "program chunk=2 cohort=1", "program chunk=1 cohort=2",
-                                                  "program chunk=8 cohort=2"])
+    ap.add_argument("--ways", nargs="+", default=["sequential", "program chunk=8 cohort=1", "program chunk=8 cohort=2",
+                                                  "program chunk=8 cohort=5", "program chunk=8 cohort=10",
+                                                  "program chunk=4 cohort=1", "program chunk=2 cohort=1",
+                                                  "program chunk=1 cohort=2"])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

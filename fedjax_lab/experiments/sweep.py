@@ -35,7 +35,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
 from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams
-from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.build import CONV_MODELS, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
 from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
 from fedjax_lab.experiments.runner import _block_rows, _summarise, divergence, run_experiment
@@ -99,11 +99,15 @@ def why_not_one_program(members: list[Member]) -> str | None:
     return None
 
 
-def default_member_chunk(num_members: int, backend: str) -> int:
-    """Members vmapped at once when ``member_chunk`` is unset: all of them on an accelerator; on CPU up to 8,
-    with the cohort trained one client at a time (docs/benchmarks.md has the measurements)."""
+def default_member_chunk(num_members: int, backend: str, model: str = "mlp") -> int:
+    """Members vmapped at once when ``member_chunk`` is unset (docs/benchmarks.md has the measurements): all of
+    them on an accelerator; on CPU up to 8 for dense models (8 MNIST-MLP seeds ran 1.11-1.20x their runs one after
+    another), and one at a time for convolutional ones, whose vmapped convolutions run slower per example on CPU
+    (the cohort's reason, ``build.default_chunk_size``)."""
     if backend != "cpu":
         return num_members
+    if model in CONV_MODELS:
+        return 1
     return max(d for d in range(1, min(num_members, 8) + 1) if num_members % d == 0)
 
 
@@ -131,7 +135,7 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
         shutil.rmtree(sweep_dir)
     start = time.perf_counter()
     if reason is None:
-        chunk = member_chunk or default_member_chunk(len(members), jax.default_backend())
+        chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
         if len(members) % chunk:
             raise ConfigError(f"--chunk must divide the number of members ({len(members)}), got {chunk}")
         layout = f"one program, {chunk} member(s) vmapped at a time"
@@ -175,12 +179,10 @@ class SweepProgram:
 def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: int | None = None) -> SweepProgram:
     """Builds the shared program once from the members' structure config (:func:`_structure_config`) and
     vmaps it over their keys and hyper-parameter values, ``member_chunk`` members at a time. ``cohort_chunk``
-    overrides the cohort's chunk size (default on CPU: one client at a time, which measured fastest once the
-    members are vmapped; docs/benchmarks.md)."""
+    overrides the cohort's chunk size (default: a single run's, which also measured fastest under the members'
+    vmap; docs/benchmarks.md)."""
     structure = _structure_config(members)
     experiment = build_experiment(structure)
-    if cohort_chunk is None and jax.default_backend() == "cpu" and structure.rounds.chunk_size is None:
-        cohort_chunk = 1
     if cohort_chunk is not None:
         experiment = dataclasses.replace(experiment, plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
     algorithm_at, plan, classifier = experiment.algorithm_at, experiment.plan, experiment.classifier
