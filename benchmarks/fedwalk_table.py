@@ -79,7 +79,7 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
           f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
 
 
-def table_jobs(seeds, settings=SETTINGS, prefix="table", bases=tuple(BASES), extra_overrides=()):
+def table_jobs(seeds, settings=SETTINGS, prefix="table", bases=tuple(BASES), extra_overrides=lambda base: ()):
     for setting, config_file in settings.items():
         for seed in seeds:
             for base in bases:

@@ -18,8 +18,8 @@ from fedjax_lab.engine.simulation import (
 from fedjax_lab.engine.types import Algorithm, ClientData, Cohort, LoopState, ServerContext
 
 __all__ = [
-    "Algorithm", "AlgorithmAt", "ClientData", "ClientView", "Cohort", "CohortPlan", "Component", "Evaluator", "LocalHooks",
-    "LocalResult", "LocalSchedule", "LocalStats", "LoopState", "RoundInputs", "ServerContext", "ServerView",
-    "StepRecord", "cohort_weights", "init_loop_state", "make_run_rounds", "run_round", "train_locally",
-    "weighted_mean",
+    "Algorithm", "AlgorithmAt", "ClientData", "ClientView", "Cohort", "CohortPlan", "Component", "Evaluator",
+    "LocalHooks", "LocalResult", "LocalSchedule", "LocalStats", "LoopState", "RoundInputs", "ServerContext",
+    "ServerView", "StepRecord", "cohort_weights", "init_loop_state", "make_run_rounds", "run_round",
+    "train_locally", "weighted_mean",
 ]

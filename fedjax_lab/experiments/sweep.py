@@ -93,9 +93,10 @@ def why_not_one_program(members: list[Member]) -> str | None:
     first = structure(members[0])
     for member in members[1:]:
         if structure(member) != first:
-            keys = [k for k in member.values if k != "seed" and k not in hyperparams.hyperparams(member.config)]
+            data = hyperparams.hyperparams(member.config)
+            keys = [k for k in member.values if k != "seed" and k not in data]
             return (f"{', '.join(keys) or 'the grid'} changes the program's structure or shapes (only seed and the "
-                    f"float fields of client and algorithm are data: {', '.join(hyperparams.hyperparams(member.config))})")
+                    f"float fields of client and algorithm are data: {', '.join(data)})")
     return None
 
 
@@ -213,6 +214,16 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
 def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bool, progress: bool,
                   stop_after_round: int | None) -> list[dict[str, Any]]:
     """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics, checkpoint."""
+    total = members[0].config.rounds.num_rounds
+    finished = [sweep_dir / m.name / "summary.json" for m in members]
+    if resume and all(f.exists() and read_metrics(f.parent)[-1]["round"] == total for f in finished):
+        print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
+              file=sys.stderr)
+        return [json.loads(f.read_text()) for f in finished]
+    taken = [m.name for m in members if (sweep_dir / m.name / "config.yaml").exists()]
+    if taken and not resume:
+        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members ({', '.join(taken)}); "
+                          "pass --resume to continue them or --overwrite to start again")
     program = build_sweep_program(members, chunk)
     experiment = program.experiment
     directories = [RunDirectory(sweep_dir / m.name, m.config.checkpoint.keep) for m in members]
@@ -234,7 +245,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
             d.append_metrics([{"round": 0, **experiment.evaluator(member_params(experiment, states, i))}])
 
     config = members[0].config
-    total, every = config.rounds.num_rounds, config.eval.every
+    every = config.eval.every
     stop = total if stop_after_round is None else min(stop_after_round, total)
     initial_losses = [d.read_metrics()[0].get("test_loss", 1.0) for d in directories]
     diverged: list[str | None] = [None] * len(members)
