@@ -140,3 +140,11 @@ def test_grid_arguments_are_split_from_overrides():
                                        "model.hidden=[4],[8]"])
     assert grid == {"seed": [0, 1, 2], "model.hidden": [[4], [8]]}
     assert overrides == ["model.hidden=[16, 8]", "client.learning_rate=0.1"]
+
+
+def test_the_default_layout_follows_the_backend_and_the_model():
+    from fedjax_lab.experiments.sweep import default_member_chunk
+
+    assert default_member_chunk(12, "gpu") == 12  # the whole grid at once on an accelerator
+    assert default_member_chunk(12, "cpu", "mlp") == 6 and default_member_chunk(8, "cpu", "mlp") == 8
+    assert default_member_chunk(4, "cpu", "simple_cnn") is None  # separate runs: measured faster on CPU

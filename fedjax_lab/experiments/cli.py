@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
                                            "(default: runs/<config name>_sweep)")
     sweep.add_argument("--resume", action="store_true", help="continue every member from its latest checkpoint")
     sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
-    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: all on an accelerator; on CPU 8 for dense models, 1 for CNNs)")
+    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: all on an accelerator; on CPU 8 for dense models, separate runs for CNNs)")
     sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")
     part.add_argument("config", help="path to a YAML config")

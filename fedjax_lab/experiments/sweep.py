@@ -100,15 +100,16 @@ def why_not_one_program(members: list[Member]) -> str | None:
     return None
 
 
-def default_member_chunk(num_members: int, backend: str, model: str = "mlp") -> int:
-    """Members vmapped at once when ``member_chunk`` is unset (docs/benchmarks.md has the measurements): all of
-    them on an accelerator; on CPU up to 8 for dense models (8 MNIST-MLP seeds ran 1.11-1.20x their runs one after
-    another), and one at a time for convolutional ones, whose vmapped convolutions run slower per example on CPU
-    (the cohort's reason, ``build.default_chunk_size``)."""
+def default_member_chunk(num_members: int, backend: str, model: str = "mlp") -> int | None:
+    """Members vmapped at once when ``member_chunk`` is unset (docs/benchmarks.md has the measurements), or
+    ``None`` for separate runs one after another: all of them on an accelerator; on CPU up to 8 for dense models
+    (8 MNIST-MLP seeds ran 1.11-1.20x their runs one after another; fewer at a time ran 0.83-0.87x), and separate
+    runs for convolutional models, whose vmapped convolutions run slower per example on CPU (the cohort's reason,
+    ``build.default_chunk_size``), so that a sweep is never slower than its runs."""
     if backend != "cpu":
         return num_members
     if model in CONV_MODELS:
-        return 1
+        return None
     return max(d for d in range(1, min(num_members, 8) + 1) if num_members % d == 0)
 
 
@@ -130,13 +131,16 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     sweep_dir = Path(sweep_dir or "runs/sweep")
     members = expand(config, grid)
     reason = why_not_one_program(members) if len(members) > 1 else "a single member"
+    chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
+    if reason is None and chunk is None:
+        reason = (f"{config.model.name} is convolutional: on CPU its vmapped members run slower than separate runs; "
+                  "--chunk N vmaps them anyway")
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
     if overwrite and sweep_dir.exists():
         shutil.rmtree(sweep_dir)
     start = time.perf_counter()
     if reason is None:
-        chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
         if len(members) % chunk:
             raise ConfigError(f"--chunk must divide the number of members ({len(members)}), got {chunk}")
         layout = f"one program, {chunk} member(s) vmapped at a time"
