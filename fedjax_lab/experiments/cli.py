@@ -1,5 +1,5 @@
-"""The command line: ``fedjax-lab run CONFIG [key=value ...]``, ``fedjax-lab partition CONFIG [key=value ...]``
-and ``fedjax-lab plot RUN_DIR ...``."""
+"""The command line: ``fedjax-lab run CONFIG [key=value ...]``, ``fedjax-lab sweep CONFIG key=v1,v2 ...``,
+``fedjax-lab partition CONFIG [key=value ...]`` and ``fedjax-lab plot RUN_DIR ...``."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sweep = sub.add_parser("sweep", help="run a grid of seeds and hyper-parameters, as one program where it can")
     sweep.add_argument("config", help="path to a YAML config")
-    sweep.add_argument("items", nargs="*", help="grid axes key=v1,v2,... (e.g. seed=0,1,2,3 client.learning_rate=0.01,0.05) "
-                                                "and plain key=value overrides")
+    sweep.add_argument("items", nargs="*", help="grid axes key=v1,v2,... (e.g. seed=0,1,2,3 "
+                                                "client.learning_rate=0.01,0.05) and plain key=value overrides")
     sweep.add_argument("--sweep-dir", help="where the members' run directories and the table go "
                                            "(default: runs/<config name>_sweep)")
     sweep.add_argument("--resume", action="store_true", help="continue every member from its latest checkpoint")
     sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
-    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: all on an accelerator; on CPU 8 for dense models, separate runs for CNNs)")
+    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: all on an accelerator; on CPU "
+                                                 "8 for dense models, separate runs for CNNs)")
     sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")
     part.add_argument("config", help="path to a YAML config")
