@@ -43,8 +43,9 @@ class Fields(BaseModel):
             for name, value in data.items():
                 field = cls.model_fields.get(name)
                 if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
-                    raise PydanticCustomError("bool_for_number", "{field}: expected a number or a name, got the "
-                                              "boolean {value} (YAML reads yes, no, on and off as booleans)", {"field": name, "value": str(value)})
+                    raise PydanticCustomError(
+                        "bool_for_number", "{field}: expected a number or a name, got the boolean {value} (YAML "
+                        "reads yes, no, on and off as booleans)", {"field": name, "value": str(value)})
         return data
 
 
