@@ -94,7 +94,13 @@ class Component(NamedTuple):
       batch: ``view -> (batch, step, key) -> batch``.
       step_output: ``(view, StepRecord) -> pytree``, stacked over the steps into ``LocalStats.step_outputs``
         (a dict keyed by component name).
+      running: ``view -> (init, fold)``, a value carried through the steps (``LocalHooks.running``); its final
+        value is ``LocalStats.running[name]``.
       finish: ``(view, LocalResult) -> (message_part, new_state)``; a message part of ``None`` sends nothing.
+      send: ``(view, LocalResult) -> (delta, message_part)``: what the client sends as ``messages['delta']`` in
+        place of its model delta (BHerd's herded sum of steps), and this component's message part (``None``:
+        none, or ``finish``'s); every ``finish`` still sees the real delta, and every server hook sees the sent
+        one. At most one component may set it.
       needs_unit_step: ``finish`` reads ``result.stats.unit_step``.
 
     Server side:
@@ -113,7 +119,9 @@ class Component(NamedTuple):
     grad_fn: Callable[[ClientView, GradFn], GradFn] | None = None
     batch: Callable[[ClientView], Callable[[Arrays, jax.Array, jax.Array], Arrays]] | None = None
     step_output: Callable[[ClientView, StepRecord], PyTree] | None = None
+    running: Callable[[ClientView], tuple[Callable[[], PyTree], Callable[[PyTree, StepRecord], PyTree]]] | None = None
     finish: Callable[[ClientView, LocalResult], tuple[PyTree | None, PyTree]] | None = None
+    send: Callable[[ClientView, LocalResult], tuple[Params, PyTree | None]] | None = None
     needs_unit_step: bool = False
     server_init: Callable[[Params], PyTree] | None = None
     aggregate: Callable[[ServerView, Params], tuple[Params, Metrics]] | None = None
@@ -121,8 +129,8 @@ class Component(NamedTuple):
 
 
 def check_components(components: Sequence[Component]) -> None:
-    """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function (which
-    does not compose)."""
+    """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function or what
+    the client sends (which do not compose)."""
     for c in components:
         if not isinstance(c, Component):
             raise TypeError(f"components must be Component records, got {type(c).__name__} {c!r} (options such as "
@@ -136,6 +144,9 @@ def check_components(components: Sequence[Component]) -> None:
     grad_fns = [c.name for c in components if c.grad_fn is not None]
     if len(grad_fns) > 1:
         raise ValueError(f"at most one component may replace the gradient function, got {grad_fns}")
+    senders = [c.name for c in components if c.send is not None]
+    if len(senders) > 1:
+        raise ValueError(f"at most one component may replace the delta a client sends, got {senders}")
 
 
 def component_key(key: jax.Array, name: str) -> jax.Array:
@@ -159,6 +170,7 @@ def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) ->
     batches = [c.batch(v) for c, v in pairs if c.batch is not None]
     grad_fns = [(c, v) for c, v in pairs if c.grad_fn is not None]
     outputs = [(c, v) for c, v in pairs if c.step_output is not None]
+    running = [(c.name, c.running(v)) for c, v in pairs if c.running is not None]
 
     def batch(b, step, key):
         for source in batches:
@@ -173,5 +185,8 @@ def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) ->
         grad_fn=(lambda fn, c=grad_fns[0][0], v=grad_fns[0][1]: c.grad_fn(v, fn)) if grad_fns else None,
         batch=batch if batches else None,
         step_output=(lambda record: {c.name: c.step_output(v, record) for c, v in outputs}) if outputs else None,
+        running=((lambda: {name: init() for name, (init, _) in running},
+                  lambda carry, record: {name: fold(carry[name], record) for name, (_, fold) in running})
+                 if running else None),
         unit_step=any(c.needs_unit_step for c in components),
     )

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lab.engine.tree_math import tree_squared_norm
 from fedjax_lab.engine.types import Arrays, Params
 
 ExampleMetricsFn = Callable[[Params, Arrays], tuple[jax.Array, jax.Array, jax.Array]]
@@ -53,21 +54,29 @@ class Evaluator:
       batch_size: examples per evaluation batch.
       client_example_ids, client_num_examples: optional index table grouping ``arrays`` by client; with it,
         ``__call__`` also reports the mean, spread and tails of per-client accuracy.
+      prefix: the metrics' names, ``{prefix}_loss`` and ``{prefix}_accuracy``.
+      l2: adds ``l2 / 2 * ||params||^2`` to the loss, so that it is the training objective (BHerd's SVM).
     """
 
     def __init__(self, example_metrics: ExampleMetricsFn, arrays: dict[str, np.ndarray], batch_size: int,
-                 client_example_ids: np.ndarray | None = None, client_num_examples: np.ndarray | None = None):
+                 client_example_ids: np.ndarray | None = None, client_num_examples: np.ndarray | None = None,
+                 prefix: str = "test", l2: float = 0.0):
         self._per_example = jax.jit(functools.partial(per_example_metrics, example_metrics))
+        self.prefix, self.l2 = prefix, l2
         self.batches = jax.device_put(pad_to_batches(arrays, batch_size))
         self.clients = None
         if client_example_ids is not None:
             self.clients = jax.device_put((client_example_ids, client_num_examples))
 
     def __call__(self, params: Params) -> dict[str, float]:
-        """``{'test_loss', 'test_accuracy'}`` and, with clients, ``client_accuracy_{mean,std,min,p10,max}``."""
+        """``{'test_loss', 'test_accuracy'}`` (by ``prefix``) and, with clients,
+        ``client_accuracy_{mean,std,min,p10,max}``."""
         loss, correct, count = self._per_example(params, self.batches)
         total = jnp.maximum(jnp.sum(count), 1.0)
-        out = {"test_loss": jnp.sum(loss) / total, "test_accuracy": jnp.sum(correct) / total}
+        mean_loss = jnp.sum(loss) / total
+        if self.l2:
+            mean_loss = mean_loss + 0.5 * self.l2 * tree_squared_norm(params["params"])
+        out = {f"{self.prefix}_loss": mean_loss, f"{self.prefix}_accuracy": jnp.sum(correct) / total}
         if self.clients is not None:
             out.update(client_spread(correct, count, *self.clients))
         return {name: float(value) for name, value in out.items()}

@@ -9,6 +9,10 @@ How a client's data is consumed (the same for every method):
   (``u_k = E n_k / B``). Clients of different sizes take different numbers of steps.
 * ``local_steps=S``: every client takes exactly ``S`` steps, running through as many epochs as that needs
   (SCAFFOLD's and FedNova's analyses assume equal steps).
+* ``drop_remainder``: an epoch is ``floor(n_k / B)`` full batches (at least one), the rest of the permutation
+  unused that epoch, as PyTorch's ``drop_last`` and BHerd's ``tau_k = floor(E n_k / B)``.
+* ``reshuffle=False``: the client's batch order is drawn once per run (from ``ClientData.data_key``) and every
+  epoch of every round reads it in the same order (BHerd's default, "non-RR").
 
 Under ``vmap`` all clients of a cohort run as many steps as its busiest client (``local_steps``: a
 ``lax.scan`` of fixed length; ``local_epochs``: a ``lax.while_loop`` until every client is done); a step past
@@ -43,6 +47,8 @@ class LocalSchedule:
       min_examples: the smallest client in the population; bounds how many epochs a client can pass through
         under ``local_steps`` (so how many permutations are drawn). 1 is always safe, only slower.
       unroll: ``lax.scan`` unroll factor of the step loop (speed only, never results).
+      drop_remainder: epochs of ``floor(n_k / B)`` full batches instead of ``ceil(n_k / B)`` with a partial last one.
+      reshuffle: a fresh permutation every epoch of every round (default), or one fixed order for the whole run.
     """
 
     batch_size: int
@@ -50,6 +56,8 @@ class LocalSchedule:
     local_epochs: int | None = None
     min_examples: int = 1
     unroll: int = 1
+    drop_remainder: bool = False
+    reshuffle: bool = True
 
     def __post_init__(self):
         if (self.local_steps is None) == (self.local_epochs is None):
@@ -62,9 +70,19 @@ class LocalSchedule:
         if budget < 1:
             raise ValueError(f"the local budget must be >= 1, got {budget}")
 
-    def batches_per_epoch(self, num_examples: jax.Array) -> jax.Array:
-        """``ceil(n_k / B)``, at least 1."""
-        return jnp.maximum((num_examples + self.batch_size - 1) // self.batch_size, 1)
+    def batches_per_epoch(self, num_examples):
+        """``ceil(n_k / B)`` (``floor`` with ``drop_remainder``), at least 1; an int for an int."""
+        rounding = 0 if self.drop_remainder else self.batch_size - 1
+        if isinstance(num_examples, int):
+            return max((num_examples + rounding) // self.batch_size, 1)
+        return jnp.maximum((num_examples + rounding) // self.batch_size, 1)
+
+    def max_steps(self, max_examples: int) -> int:
+        """The most steps any client holding at most ``max_examples`` examples takes (the length of the stacked
+        per-step outputs)."""
+        if self.local_steps is not None:
+            return self.local_steps
+        return self.local_epochs * self.batches_per_epoch(max_examples)
 
     def client_steps(self, num_examples: jax.Array) -> jax.Array:
         """The number of steps client k takes."""
@@ -74,9 +92,11 @@ class LocalSchedule:
 
     def num_epochs(self) -> int:
         """How many epoch permutations a client can need."""
+        if not self.reshuffle:
+            return 1
         if self.local_epochs is not None:
             return self.local_epochs
-        return math.ceil(self.local_steps / max(math.ceil(self.min_examples / self.batch_size), 1))
+        return math.ceil(self.local_steps / self.batches_per_epoch(self.min_examples))
 
 
 class LocalStats(NamedTuple):
@@ -91,18 +111,22 @@ class LocalStats(NamedTuple):
         they follow whatever optimiser the clients run. Measured only when ``LocalHooks.unit_step`` asks
         for it (NaN otherwise).
       step_outputs: what the hooks' ``step_output`` returned at each step, stacked ``[max_steps, ...]`` (rows past
-        ``num_steps`` are zeros); ``()`` without such hooks.
+        ``num_steps`` are zeros, ``max_steps`` is :meth:`LocalSchedule.max_steps`); ``()`` without such hooks.
+      running: the final value of the ``running`` hook's carry; ``()`` without one.
     """
 
     mean_loss: jax.Array
     num_steps: jax.Array
     unit_step: jax.Array
     step_outputs: PyTree = ()
+    running: PyTree = ()
 
 
 class StepRecord(NamedTuple):
-    """One local step as a ``step_output`` hook sees it: the step index, the trainable parameters before the
-    step, the batch, its objective and gradient (after the ``gradient`` hooks), and whether the step is real."""
+    """One local step as a ``step_output`` or ``running`` hook sees it: the step index, the trainable parameters
+    before the step, the batch, its objective and gradient (after the ``gradient`` hooks), whether the step is
+    real, and the update it applies to the parameters (after the optimiser and the ``update`` hooks: ``-eta g``
+    for plain SGD)."""
 
     step: jax.Array
     params: Params
@@ -110,6 +134,7 @@ class StepRecord(NamedTuple):
     loss: jax.Array
     grads: Params
     active: jax.Array
+    update: Params
 
 
 GradFn = Callable[..., tuple[tuple[jax.Array, Any], Params]]
@@ -132,7 +157,11 @@ class LocalHooks(NamedTuple):
         (SCAFFOLD's correction as NIID-Bench applies it).
       grad_fn: turns the plain ``GradFn`` into another (FedSAM's sharpness-aware gradient).
       batch: ``(batch, step, key) -> batch``, the batch source: changes or extends each batch before the step.
-      step_output: ``(record: StepRecord) -> pytree`` kept for every step and returned stacked.
+      step_output: ``(record: StepRecord) -> pytree`` kept for every step and returned stacked (memory: one
+        output per step; BHerd's stacked updates are ``max_steps x |params|``).
+      running: ``(init, fold)``: a value carried through the steps, ``init() -> carry`` and
+        ``fold(carry, record) -> carry`` at each real step (an online statistic in O(1) steps of memory, as
+        GraB's balancing); its final value is :attr:`LocalStats.running`.
       unit_step: measure :attr:`LocalStats.unit_step` (a scalar shadow of the optimiser, stepped with the model).
     """
 
@@ -143,6 +172,7 @@ class LocalHooks(NamedTuple):
     grad_fn: Callable[[GradFn], GradFn] | None = None
     batch: Callable[[Arrays, jax.Array, jax.Array], Arrays] | None = None
     step_output: Callable[[StepRecord], PyTree] | None = None
+    running: tuple[Callable[[], PyTree], Callable[[PyTree, StepRecord], PyTree]] | None = None
     unit_step: bool = False
 
 
@@ -245,8 +275,14 @@ def train_locally(
     """
     hooks = hooks or LocalHooks()
     max_examples = client.example_ids.shape[-1]
-    permutations = epoch_permutations(jax.random.fold_in(key, Purpose.SHUFFLE), client.num_examples,
-                                      max_examples, schedule.num_epochs())
+    if schedule.reshuffle:
+        order_key = jax.random.fold_in(key, Purpose.SHUFFLE)
+    elif client.data_key is None:
+        raise ValueError("a fixed batch order (reshuffle=False) needs ClientData.data_key, the client's key for the "
+                         "whole run (run_round sets it)")
+    else:
+        order_key = jax.random.fold_in(client.data_key, Purpose.SHUFFLE)
+    permutations = epoch_permutations(order_key, client.num_examples, max_examples, schedule.num_epochs())
     num_steps = schedule.client_steps(client.num_examples)
     params, model_state = split_variables(variables)
     loss_fn = objective(as_forward(task), hooks)
@@ -259,10 +295,11 @@ def train_locally(
         grad_fn = hooks.grad_fn(grad_fn)
     full_optimizer = optax.chain(*[t for t in (hooks.gradient, optimizer, hooks.update) if t is not None])
     tracker_init, tracker_step = unit_step_tracker(optimizer) if hooks.unit_step else (lambda: (), lambda t: t)
+    running_init, running_fold = hooks.running or (lambda: (), lambda c, r: c)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
     def step(carry, s):
-        params, model_state, opt_state, tracker, loss_sum = carry
+        params, model_state, opt_state, tracker, running, loss_sum = carry
         slots, mask = batch_slots(schedule, permutations, s, client.num_examples)
         batch = gather_batch(arrays, client.example_ids[slots], mask)
         key_s = jax.random.fold_in(step_key, s)
@@ -272,21 +309,21 @@ def train_locally(
         updates, new_opt_state = full_optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         active = s < num_steps
-        output = () if hooks.step_output is None else hooks.step_output(
-            StepRecord(s, params, batch, loss, grads, active))
-        params, model_state, opt_state, tracker = tree_where(
-            active, (new_params, new_model_state, new_opt_state, tracker_step(tracker)),
-            (params, model_state, opt_state, tracker))
+        record = StepRecord(s, params, batch, loss, grads, active, updates)
+        output = () if hooks.step_output is None else hooks.step_output(record)
+        params, model_state, opt_state, tracker, running = tree_where(
+            active, (new_params, new_model_state, new_opt_state, tracker_step(tracker), running_fold(running, record)),
+            (params, model_state, opt_state, tracker, running))
         output = jax.tree.map(lambda x: jnp.where(active, x, jnp.zeros_like(x)), output)
-        return (params, model_state, opt_state, tracker, loss_sum + jnp.where(active, loss, 0.0)), output
+        return (params, model_state, opt_state, tracker, running, loss_sum + jnp.where(active, loss, 0.0)), output
 
-    carry = (params, model_state, full_optimizer.init(params), tracker_init(), jnp.zeros((), jnp.float32))
-    if schedule.local_steps is not None:
-        carry, outputs = jax.lax.scan(step, carry, jnp.arange(schedule.local_steps), unroll=schedule.unroll)
+    carry = (params, model_state, full_optimizer.init(params), tracker_init(), running_init(),
+             jnp.zeros((), jnp.float32))
+    if schedule.local_steps is not None or hooks.step_output is not None:
+        # Stacked outputs need a static length: the most steps a client of this population can take.
+        carry, outputs = jax.lax.scan(step, carry, jnp.arange(schedule.max_steps(max_examples)),
+                                      unroll=schedule.unroll)
     else:
-        if hooks.step_output is not None:
-            raise ValueError("step_output hooks need a fixed number of steps: use local_steps, not local_epochs")
-
         # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the
         # loop continues while any client is active) instead of to the population's largest client.
         def body(loop):
@@ -297,7 +334,7 @@ def train_locally(
 
         _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body, (jnp.zeros((), jnp.int32), carry))
         outputs = ()
-    params, model_state, _, tracker, loss_sum = carry
+    params, model_state, _, tracker, running, loss_sum = carry
     trained = merge_variables(params, model_state, variables)
     unit_step = -tracker[0] if hooks.unit_step else jnp.full((), jnp.nan, jnp.float32)
-    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, unit_step, outputs)
+    return trained, LocalStats(loss_sum / jnp.maximum(num_steps, 1), num_steps, unit_step, outputs, running)

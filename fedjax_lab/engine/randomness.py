@@ -21,6 +21,7 @@ class Purpose(enum.IntEnum):
     SHUFFLE = 3
     STEP = 4
     INIT = 5
+    DATA = 6
 
 
 def base_key(seed: int) -> jax.Array:
@@ -36,6 +37,11 @@ def round_key(key: jax.Array, round_index: jax.Array, purpose: Purpose) -> jax.A
 def client_key(key: jax.Array, round_index: jax.Array, client_id: jax.Array) -> jax.Array:
     """The key of client ``client_id`` in round ``round_index``; independent of cohort position."""
     return jax.random.fold_in(round_key(key, round_index, Purpose.CLIENT), client_id)
+
+
+def data_key(key: jax.Array, client_id: jax.Array) -> jax.Array:
+    """Client ``client_id``'s key for the whole run, the same in every round (a fixed batch order)."""
+    return jax.random.fold_in(jax.random.fold_in(key, Purpose.DATA + 1_000_003), client_id)
 
 
 def init_key(key: jax.Array) -> jax.Array:

@@ -101,7 +101,8 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
         algorithm = algorithm(inputs, r)
     ids = sample_cohort(randomness.round_key(inputs.key, r, randomness.Purpose.COHORT),
                         plan.num_clients, plan.cohort_size)
-    clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids])
+    clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
+                         jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)
 
     def client_fn(client_state, client, key):

@@ -28,6 +28,11 @@ def tree_squared_norm(a: PyTree) -> jax.Array:
     return sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(a))
 
 
+def tree_vdot(a: PyTree, b: PyTree) -> jax.Array:
+    """``<a, b>`` summed over every leaf."""
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def tree_zeros_like(a: PyTree) -> PyTree:
     """A tree of zeros shaped like ``a``."""
     return jax.tree.map(jnp.zeros_like, a)

@@ -40,11 +40,14 @@ class ClientData(NamedTuple):
       example_ids: int32 ``[max_examples]``, indices into the pooled training arrays; entries at or past
         ``num_examples`` are padding and must be masked.
       num_examples: int32 scalar, how many entries of ``example_ids`` are real.
+      data_key: the client's key for the whole run, the same every round (its fixed batch order); ``None``
+        where no fixed order is needed.
     """
 
     client_id: jax.Array
     example_ids: jax.Array
     num_examples: jax.Array
+    data_key: jax.Array | None = None
 
 
 class Cohort(NamedTuple):

@@ -131,7 +131,8 @@ def build_schedule(config: Config, dataset: FederatedDataset) -> LocalSchedule:
     """Local training: the budget, batch size and unroll of ``client`` and ``rounds``."""
     c = config.client
     return LocalSchedule(c.batch_size, c.local_steps, c.local_epochs, min_examples=dataset.min_examples,
-                         unroll=config.rounds.unroll)
+                         unroll=config.rounds.unroll, drop_remainder=c.drop_remainder,
+                         reshuffle=c.batch_order == "reshuffle")
 
 
 CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "resnet8", "resnet18")
@@ -205,6 +206,7 @@ class Experiment:
     evaluator: Evaluator
     run_rounds: Any
     algorithm_at: Any = None
+    train_evaluator: Evaluator | None = None
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -213,8 +215,16 @@ class Experiment:
         return init_loop_state(self.algorithm, params, self.dataset.num_clients)
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
-        """Central test metrics (and per-client spread, when configured) of the global model."""
-        return self.evaluator(self.algorithm.model_params(state.server_state))
+        """Central test metrics (and per-client spread, and the training objective, when configured) of the
+        global model."""
+        return self.evaluate_params(self.algorithm.model_params(state.server_state))
+
+    def evaluate_params(self, params) -> dict[str, float]:
+        """:meth:`evaluate` of a model's variables."""
+        metrics = self.evaluator(params)
+        if self.train_evaluator is not None:
+            metrics.update(self.train_evaluator(params))
+        return metrics
 
 
 def build_experiment(config: Config) -> Experiment:
@@ -247,5 +257,11 @@ def build_experiment(config: Config) -> Experiment:
     evaluator = Evaluator(classifier.example_metrics, dataset.test, config.eval.batch_size,
                           dataset.client_test_ids if per_client else None,
                           dataset.client_test_counts if per_client else None)
+    train_evaluator = None
+    if config.eval.train:
+        rows = np.concatenate([dataset.client_train_ids[k, :n] for k, n in enumerate(dataset.client_train_counts)])
+        train_evaluator = Evaluator(classifier.example_metrics, {"x": dataset.train["x"][rows],
+                                                                  "y": dataset.train["y"][rows]},
+                                    config.eval.batch_size, prefix="full_train", l2=classifier.l2)
     return Experiment(config, dataset, classifier, algorithm_at(inputs, jnp.zeros((), jnp.int32)), plan, inputs,
-                      evaluator, make_run_rounds(algorithm_at, plan), algorithm_at)
+                      evaluator, make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator)

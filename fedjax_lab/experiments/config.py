@@ -109,6 +109,8 @@ class ImageDataset(Section):
     server_data: ServerDataConfig | None = None
     standardize: bool = Field(True, description="per-channel standardisation with training-set statistics")
     augment: Literal["none", "flip", "crop_flip"] = "none"
+    subset: PositiveInt | None = Field(None, description="keep only the first n training rows (official order), "
+                                                         "for a run at a smaller scale")
     seed: int | None = None
 
     @property
@@ -170,6 +172,11 @@ class ClientConfig(Section):
     schedule: registry.ScheduleConfig = Field(registry.ScheduleConfig(), description="learning_rate over rounds")
     local_steps: PositiveInt | None = None
     local_epochs: PositiveInt | None = None
+    drop_remainder: bool = Field(False, description="epochs of floor(n_k / B) full batches (BHerd's tau_k), not "
+                                                    "ceil(n_k / B) with a partial last batch")
+    batch_order: Literal["reshuffle", "fixed"] = Field(
+        "reshuffle", description="reshuffle: a fresh permutation every epoch; fixed: one order per client for the "
+                                 "whole run (BHerd's non-RR)")
 
     @model_validator(mode="after")
     def _one_budget(self):
@@ -203,6 +210,9 @@ class EvalConfig(Section):
     every: PositiveInt = Field(10, description="rounds between evaluations; also the rounds per compiled block")
     batch_size: PositiveInt = 1024
     per_client: bool = True
+    train: bool = Field(False, description="also evaluate the global model on all clients' training rows: "
+                                           "full_train_loss (the training objective, l2 included) and "
+                                           "full_train_accuracy")
 
 
 class CheckpointConfig(Section):

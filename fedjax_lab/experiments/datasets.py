@@ -17,8 +17,9 @@ from fedjax_lab.data.synthetic import fedprox_synthetic, gaussian_mixture
 from fedjax_lab.experiments.config import Config, ConfigError, ImageDataset, PartitionConfig, ServerDataConfig
 
 
-def load_central(d: ImageDataset, name: str | None = None) -> CentralDataset:
-    """The centralised dataset ``name`` (default ``d.name``) from ``d.source``, with ``d.labels`` applied."""
+def load_central(d: ImageDataset, name: str | None = None, relabel: bool = True) -> CentralDataset:
+    """The centralised dataset ``name`` (default ``d.name``) from ``d.source``, with ``d.labels`` applied
+    (``parity`` only with ``relabel``)."""
     name = name or d.name
     if name == "image_folder":
         data = load_image_folder(d.data_dir)
@@ -30,7 +31,7 @@ def load_central(d: ImageDataset, name: str | None = None) -> CentralDataset:
         data = CentralDataset(name, raw["train"], raw["test"], raw["num_classes"], tuple(raw["class_names"]))
     else:
         data = load_local(name, d.data_dir, "coarse" if d.labels == "coarse" else "fine")
-    return relabel_parity(data) if d.labels == "parity" else data
+    return relabel_parity(data) if d.labels == "parity" and relabel else data
 
 
 def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, seed: int) -> list[np.ndarray]:
@@ -84,7 +85,7 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
     elif s.kind == "withheld_classes":
         server_rows, rest = withhold_classes(labels, class_ids(s.classes, data), s.size, seed)
     else:
-        other = load_central(d, s.dataset)
+        other = load_central(d, s.dataset, relabel=False)
         if other.input_shape != data.input_shape:
             raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not match "
                               f"{d.name} inputs {data.input_shape}")
@@ -101,8 +102,13 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
 
 
 def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
-    """Loads, carves server data, partitions the rest (or reloads ``partition.file``) and indexes the clients."""
-    data = load_central(d)
+    """Loads, carves server data, partitions the rest (or reloads ``partition.file``) and indexes the clients.
+
+    With ``labels: parity`` the server data and the partition follow the original classes (BHerd's case 2 gives
+    client k the digits {k, k+5}), and the labels become even/odd afterwards."""
+    data = load_central(d, relabel=False)
+    if d.subset is not None:
+        data = dataclasses.replace(data, train={k: v[:d.subset] for k, v in data.train.items()})
     server, rows = None, np.arange(len(data.train["y"]))
     if d.server_data is not None:
         server, rows = server_split(d, d.server_data, data, seed)
@@ -121,6 +127,12 @@ def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
         train["noise_std"] = np.zeros(len(train["y"]), np.float32)
         for k, r in enumerate(client_rows):
             train["noise_std"][r] = levels[k]
+    if d.labels == "parity":
+        parity = relabel_parity(data)
+        data = dataclasses.replace(parity, train={**parity.train, **{k: v for k, v in train.items() if k != "y"}})
+        train = data.train
+        if server is not None:
+            server = {**server, "y": (server["y"] % 2 == 0).astype(np.int32)}
     ids, counts = index_table(client_rows)
     return FederatedDataset(data.name, train, data.test, ids, counts, data.num_classes,
                             class_names=data.class_names, server=server)

@@ -4,6 +4,8 @@ Layout::
 
     RUN_DIR/config.yaml      the fully resolved config
     RUN_DIR/metrics.jsonl    one JSON object per round (and round 0), appended as blocks finish
+    RUN_DIR/arrays/          metrics that are arrays per round (BHerd's selected steps per client), one .npz a
+                             block; :func:`read_arrays` joins them
     RUN_DIR/summary.json     final and best metrics, timings
     RUN_DIR/curves.png       accuracy and loss against rounds
     RUN_DIR/partition.*      the clients' rows (npz, reloadable), class counts (md) and their plot (png)
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from fedjax_lab.engine import LoopState
@@ -53,10 +56,23 @@ class RunDirectory:
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
 
+    def append_arrays(self, first_round: int, arrays: dict[str, np.ndarray]) -> None:
+        """Writes a block's array metrics (leading axis: its rounds, ``first_round + 1`` onwards) to ``arrays/``."""
+        if not arrays:
+            return
+        num_rounds = len(next(iter(arrays.values())))
+        folder = self.path / "arrays"
+        folder.mkdir(exist_ok=True)
+        np.savez(folder / f"rounds_{first_round + 1:06d}_{first_round + num_rounds:06d}.npz", **arrays)
+
     def truncate_metrics(self, last_round: int) -> None:
-        """Drops rows after ``last_round``: a resumed run rewrites what the interrupted one wrote past its checkpoint."""
+        """Drops rows (and array blocks) after ``last_round``: a resumed run rewrites what the interrupted one
+        wrote past its checkpoint."""
         rows = [row for row in self.read_metrics() if row["round"] <= last_round]
         self.metrics_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        for block in sorted((self.path / "arrays").glob("rounds_*.npz")):
+            if int(block.stem.split("_")[-1]) > last_round:
+                block.unlink()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -94,3 +110,22 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def split_arrays(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A block's metrics (leading axis: rounds) split into scalars per round and arrays per round."""
+    scalars = {k: v for k, v in metrics.items() if np.ndim(v) <= 1}
+    return scalars, {k: np.asarray(v) for k, v in metrics.items() if np.ndim(v) > 1}
+
+
+def read_arrays(run_dir: str | Path) -> dict[str, np.ndarray]:
+    """A run's array metrics, joined over its blocks (leading axis: rounds), with ``'round'`` (1-based) beside
+    them; empty when the run wrote none."""
+    blocks = sorted((Path(run_dir) / "arrays").glob("rounds_*.npz"))
+    if not blocks:
+        return {}
+    loaded = [dict(np.load(b)) for b in blocks]
+    joined = {k: np.concatenate([b[k] for b in loaded]) for k in loaded[0]}
+    first = [int(b.stem.split("_")[1]) for b in blocks]
+    joined["round"] = np.concatenate([np.arange(f, f + len(next(iter(b.values())))) for f, b in zip(first, loaded)])
+    return joined

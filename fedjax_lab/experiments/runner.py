@@ -17,7 +17,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.experiments.build import Experiment, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
 from fedjax_lab.experiments.plots import plot_runs
-from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
+from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics, split_arrays
 
 
 class RunInterrupted(Exception):
@@ -150,7 +150,8 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
         num_rounds = min(every - first % every, stop - first)
         start = time.perf_counter()
         state, metrics = experiment.run_rounds(state, experiment.inputs, num_rounds=num_rounds)
-        rows = _block_rows(first, jax.device_get(metrics))
+        metrics, arrays = split_arrays(jax.device_get(metrics))
+        rows = _block_rows(first, metrics)
         timings.append((num_rounds, time.perf_counter() - start))
         if int(state.round) % every == 0 or int(state.round) == total:
             rows[-1].update(experiment.evaluate(state))
@@ -158,6 +159,7 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
         if diverged:
             rows[-1]["diverged"] = diverged
         directory.append_metrics(rows)
+        directory.append_arrays(first, arrays)
         if diverged:
             print(f"fedjax-lab: run diverged ({diverged}); stopped", file=sys.stderr)
             break

@@ -37,7 +37,7 @@ from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.build import CONV_MODELS, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
-from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics
+from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics, split_arrays
 from fedjax_lab.experiments.runner import _block_rows, _summarise, divergence, run_experiment
 
 
@@ -246,7 +246,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
             d.config_path.write_text(to_yaml(member.config))
             write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
             d.metrics_path.write_text("")
-            d.append_metrics([{"round": 0, **experiment.evaluator(member_params(experiment, states, i))}])
+            d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
 
     config = members[0].config
     every = config.eval.every
@@ -268,14 +268,16 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         for i, d in enumerate(directories):
             if diverged[i]:
                 continue
-            rows = _block_rows(first, {k: v[i] for k, v in metrics.items()})
+            scalars, arrays = split_arrays({k: v[i] for k, v in metrics.items()})
+            rows = _block_rows(first, scalars)
             if evaluate:
-                rows[-1].update(experiment.evaluator(member_params(experiment, states, i)))
+                rows[-1].update(experiment.evaluate_params(member_params(experiment, states, i)))
             diverged[i] = divergence(rows, initial_losses[i])
             if diverged[i]:
                 rows[-1]["diverged"] = diverged[i]
                 print(f"fedjax-lab: member {members[i].name} diverged ({diverged[i]})", file=sys.stderr)
             d.append_metrics(rows)
+            d.append_arrays(first, arrays)
             if int(states.round[0]) == total or (config.checkpoint.every_blocks
                                                  and blocks_run % config.checkpoint.every_blocks == 0):
                 d.save_checkpoint(_member(states, i))

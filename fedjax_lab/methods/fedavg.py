@@ -106,6 +106,10 @@ def fedavg(
                     message[c.name] = part
                 if c.client_init is not None:
                     new_state[c.name] = state
+            if c.send is not None:
+                message["delta"], part = c.send(view, result)
+                if part is not None:
+                    message[c.name] = part
         return message, new_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
 
     def server_update(server_state, messages, cohort, context):

@@ -284,6 +284,29 @@ class FedExPConfig(AlgorithmFields):
     weighting: Literal["num_examples", "uniform"] = "uniform"
 
 
+@register(builder="fedjax_lab.methods.bherd:build", plugin=True)
+class BHerdConfig(AlgorithmFields):
+    """BHerd (Luo et al. 2024): clients send the herded sum of alpha of their local steps, rescaled by 1/alpha."""
+
+    name: Literal["bherd"] = method_name("bherd")
+    alpha: float = Field(0.5, gt=0, le=1, description="fraction of local steps kept, k = round(alpha tau) (the "
+                                                      "paper: 0.5; 1 is FedAvg)")
+    selection: Literal["herding", "topk_nearest"] = Field(
+        "herding", description="herding: Alg. 2 (BHerd); topk_nearest: the ablation keeping the k steps nearest "
+                               "the mean")
+    rescale: Literal["nominal", "exact"] = Field("nominal", description="scale the kept sum by 1/alpha (Eq. 7) or "
+                                                                        "by tau/k")
+    diagnostics: bool = Field(True, description="record each client's selected steps and the Fig. 4d distance "
+                                                "(array metrics in RUN_DIR/arrays)")
+
+
+@register(builder="fedjax_lab.methods.grab:build", plugin=True)
+class GraBConfig(AlgorithmFields):
+    """GraB-FedAvg (BHerd's Alg. 4): online balancing of the local steps, no storage."""
+
+    name: Literal["grab"] = method_name("grab")
+
+
 # ----------------------------------------------------------------------------------------------- plug-ins
 @register(builder="fedjax_lab.methods.fedwalk:build", base=False, plugin=True, wrapper=True,
           needs_server_data=True)
