@@ -152,3 +152,19 @@ def test_out_of_domain_server_data_comes_from_another_dataset():
     rows = [np.flatnonzero((fashion == x).all(axis=(1, 2, 3))) for x in data.server["x"][:3]]
     assert data.server["x"].shape == (50, 28, 28, 1) and all(len(r) == 1 for r in rows)
     assert data.client_train_counts.sum() == 60000
+
+
+@pytest.mark.skipif(not HAVE_MNIST, reason="../shared/data not present")
+def test_bherd_case_2_on_parity_labels_deals_digits_not_parities():
+    """BHerd's SVM task: client k of 5 holds the digits {k, k+5} (one even, one odd), labelled even (1) / odd (0)."""
+    from fedjax_lab.experiments import load_config
+
+    config = load_config("configs/bherd/svm_mnist.yaml", ["dataset.partition.case=2"])
+    data = build_experiment(config).dataset
+    digits = np.load(default_data_dir() / "mnist" / "mnist.npz")["y_train"]
+    for k in range(5):
+        rows = data.client_train_ids[k, :data.client_train_counts[k]]
+        assert set(np.unique(digits[rows])) == {k, k + 5}
+        np.testing.assert_array_equal(data.train["y"][rows], (digits[rows] % 2 == 0).astype(np.int32))
+    assert data.num_classes == 2  # the sizes the BHerd digest reads off the reference code:
+    assert list(data.client_train_counts) == [11344, 12660, 12223, 11982, 11791]
