@@ -20,11 +20,23 @@ def _sweeps_checks(tmp_path, namespace):
     assert (tmp_path / "runs" / "notebook_sweep" / "curves.png").exists()
 
 
-CHECKS = {"quickstart.ipynb": _quickstart_checks, "sweeps.ipynb": _sweeps_checks}
+def _bherd_checks(tmp_path, namespace):
+    assert len(namespace["results"]) == 9 and namespace["ROUNDS"] == 3
+    assert (tmp_path / "runs" / "notebook_bherd" / "fig2a_svm.png").exists()
+    assert namespace["selected"].shape[:2] == (3, 5)
+
+
+CHECKS = {"quickstart.ipynb": _quickstart_checks, "sweeps.ipynb": _sweeps_checks, "bherd.ipynb": _bherd_checks}
+NEEDS_MNIST = {"bherd.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
+    from fedjax_lab.data.sources import default_data_dir
+
+    if path.name in NEEDS_MNIST and not (default_data_dir() / "mnist" / "mnist.npz").is_file():
+        pytest.skip("../shared/data not present")
+    monkeypatch.setenv("FEDJAX_LAB_NOTEBOOK_TINY", "1")
     matplotlib.use("Agg")
     work = tmp_path / "notebooks"
     work.mkdir()

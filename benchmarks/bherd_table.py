@@ -1,0 +1,296 @@
+"""BHerd's experiments (Luo et al. 2024, Fig. 2-4) at a scale that runs on a 2-core CPU.
+
+Parts:
+
+* ``svm``: squared-hinge SVM on MNIST even/odd at the paper's scale (60,000 rows, 5 clients, E = 1, B = 100,
+  tau = 101-176, 500 rounds), cases 1-3: centralised SGD, FedAvg, FedAvg with the fixed order, GraB-FedAvg,
+  BHerd (alpha 0.5), FedNova, SCAFFOLD, BHerd-FedNova and BHerd-SCAFFOLD (Fig. 2a-b).
+* ``alpha``: BHerd's alpha sweep {0.1, 0.3, 0.5, 0.7, 1.0} on the SVM, cases 1-3 (Fig. 3a).
+* ``cnn``: the reference CNN on MNIST (10 classes) at a reduced scale: the first 1,500 training rows, B = 5 so that
+  tau = 60 as the paper's order of magnitude, 60 rounds, cases 1-3, the same methods (Fig. 2a-b, second row).
+* ``cifar``: the reference CNN on CIFAR-10, case 3 only, the same reduced scale (Fig. 2a third row).
+
+Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations keep
+one order per client (non-RR). Every run evaluates the global model on all training rows (the paper's loss) and on
+the test set. Writes ``docs/reproductions/bherd_results.md`` and its figures after every part, reusing finished
+runs; several copies of the script share the work (``--reverse``).
+
+Usage::
+
+    python benchmarks/bherd_table.py --parts svm alpha          # about 40 min on 2 cores
+    python benchmarks/bherd_table.py --parts cnn cifar --seeds 0 1
+    python benchmarks/bherd_table.py --report                   # tables and figures from finished runs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs" / "bherd"
+RR, FIXED = "client.batch_order=reshuffle", "client.batch_order=fixed"
+METHODS = {
+    "centralized": ["algorithm={name: centralized}", RR],
+    "fedavg": ["algorithm={name: fedavg}", RR],
+    "fedavg_fixed": ["algorithm={name: fedavg}", FIXED],
+    "grab": ["algorithm={name: grab}", FIXED],
+    "bherd": ["algorithm={name: bherd, alpha: 0.5}", FIXED],
+    "fednova": ["algorithm={name: fednova}", RR],
+    "scaffold": ["algorithm={name: scaffold}", RR],
+    "bherd_fednova": ["algorithm={name: fednova, plugins: [{name: bherd, alpha: 0.5}]}", FIXED],
+    "bherd_scaffold": ["algorithm={name: scaffold, plugins: [{name: bherd, alpha: 0.5}]}", FIXED],
+}
+LABELS = {"centralized": "Centralised SGD", "fedavg": "FedAvg (RR)", "fedavg_fixed": "FedAvg (fixed order)",
+          "grab": "GraB-FedAvg", "bherd": "BHerd-FedAvg (alpha 0.5)", "fednova": "FedNova (RR)",
+          "scaffold": "SCAFFOLD (RR)", "bherd_fednova": "BHerd-FedNova", "bherd_scaffold": "BHerd-SCAFFOLD"}
+ALPHAS = (0.1, 0.3, 0.5, 0.7, 1.0)
+SCALED = ["dataset.subset=1500", "client.batch_size=5", "rounds.num_rounds=60", "eval.every=5"]
+PARTS = {  # part: (config, cases, extra overrides)
+    "svm": ("svm_mnist.yaml", (1, 2, 3), []),
+    "cnn": ("cnn_mnist.yaml", (1, 2, 3), SCALED),
+    "cifar": ("cnn_cifar10.yaml", (3,), SCALED),
+}
+
+
+def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
+    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
+    run_dir = runs / name
+    if (run_dir / "summary.json").is_file():
+        return
+    claim = runs / ".claims" / name.replace("/", "__")
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        claim.open("x").close()
+    except FileExistsError:
+        return
+    start = time.perf_counter()
+    config = load_config(CONFIGS / config_file, overrides)
+    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+    claim.unlink()
+    print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
+          f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def jobs(part: str, seeds, methods):
+    if part == "alpha":
+        for case in (1, 2, 3):
+            for seed in seeds:
+                for alpha in ALPHAS:
+                    overrides = [f"dataset.partition.case={case}", f"seed={seed}",
+                                 f"algorithm={{name: bherd, alpha: {alpha}}}", FIXED]
+                    name = f"svm/case{case}/bherd/seed{seed}" if alpha == 0.5 else f"alpha/case{case}/a{alpha}/seed{seed}"
+                    yield name, "svm_mnist.yaml", overrides
+        return
+    config, cases, extra = PARTS[part]
+    for case in cases:
+        for seed in seeds:
+            for method in methods:
+                yield (f"{part}/case{case}/{method}/seed{seed}", config,
+                       [f"dataset.partition.case={case}", f"seed={seed}", *METHODS[method], *extra])
+
+
+# ----------------------------------------------------------------------------------------------- the report
+def run_name(part: str, case: int, method: str) -> str:
+    """A method of ``part`` and ``case``, or a run path pattern with ``{case}`` (the alpha sweep's)."""
+    return method.format(case=case) if "{case}" in method else f"{part}/case{case}/{method}"
+
+
+def label(method: str) -> str:
+    if method in LABELS:
+        return LABELS[method]
+    if "/a" in method:
+        return "BHerd alpha " + method.rsplit("/a", 1)[1]
+    return {"bherd": "BHerd alpha 0.5", "fedavg": "FedAvg (RR)"}[method.rsplit("/", 1)[1]]
+
+
+def curves(runs: Path, prefix: str, seeds) -> dict[int, tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Per seed that has finished: rounds and metric arrays of the evaluated rounds."""
+    out = {}
+    for seed in seeds:
+        run_dir = runs / f"{prefix}/seed{seed}"
+        if not (run_dir / "summary.json").is_file():
+            continue
+        rows = [r for r in read_metrics(run_dir) if "test_accuracy" in r]
+        out[seed] = (np.array([r["round"] for r in rows]),
+                     {k: np.array([r.get(k, np.nan) for r in rows]) for k in ("full_train_loss", "test_accuracy")})
+    return out
+
+
+def rounds_to(rounds: np.ndarray, values: np.ndarray, target: float, below: bool) -> float:
+    """The first evaluated round whose value reaches ``target`` (``nan`` if never)."""
+    hit = values <= target if below else values >= target
+    return float(rounds[np.argmax(hit)]) if hit.any() else np.nan
+
+
+def fmt(values, scale=1.0, digits=4) -> str:
+    values = np.asarray([v for v in values if v == v], float) * scale
+    if not len(values):
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std():.{digits}f}"
+
+
+def fmt_rounds(values, total: int) -> str:
+    reached = [v for v in values if v == v]
+    if not values:
+        return "-"
+    text = f"{np.mean(reached):.0f}" if reached else f"> {total}"
+    return text + (f" ({len(reached)}/{len(values)} seeds)" if len(reached) < len(values) else "")
+
+
+def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) -> list[str]:
+    """One case: per method, the training objective at a few rounds, the final test accuracy, and the rounds to
+    reach FedAvg's final training objective and final test accuracy (means over the seeds)."""
+    base = curves(runs, f"{part}/case{case}/fedavg", seeds)
+    if not base:
+        return [f"(case {case}: FedAvg has not finished yet)"]
+    total = int(max(r[-1] for r, _ in base.values()))
+    loss_target = float(np.mean([m["full_train_loss"][-1] for _, m in base.values()]))
+    acc_target = float(np.mean([m["test_accuracy"][-1] for _, m in base.values()]))
+    head = ("| method | " + " | ".join(f"train loss @{c}" for c in checkpoints) +
+            f" | test acc @{total} (%) | rounds to FedAvg's final loss ({loss_target:.4f}) | "
+            f"rounds to FedAvg's final acc ({100 * acc_target:.2f}%) | seeds |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for method in methods:
+        got = curves(runs, run_name(part, case, method), seeds)
+        if not got:
+            continue
+        at = [[m["full_train_loss"][np.searchsorted(r, c)] if c <= r[-1] else np.nan for r, m in got.values()]
+              for c in checkpoints]
+        to_loss = [rounds_to(r, m["full_train_loss"], loss_target, True) for r, m in got.values()]
+        to_acc = [rounds_to(r, m["test_accuracy"], acc_target, False) for r, m in got.values()]
+        lines.append(f"| {label(method)} | " + " | ".join(fmt(a) for a in at) +
+                     f" | {fmt([m['test_accuracy'][-1] for _, m in got.values()], 100, 2)} | "
+                     f"{fmt_rounds(to_loss, total)} | {fmt_rounds(to_acc, total)} | {len(got)} |")
+    return lines
+
+
+def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
+    """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case (seed means)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(cases), figsize=(4.6 * len(cases), 6.4), squeeze=False)
+    for j, case in enumerate(cases):
+        for method in methods:
+            got = curves(runs, run_name(part, case, method), seeds)
+            if not got:
+                continue
+            length = min(len(r) for r, _ in got.values())
+            rounds = next(iter(got.values()))[0][:length]
+            for i, key in enumerate(("full_train_loss", "test_accuracy")):
+                axes[i, j].plot(rounds, np.mean([m[key][:length] for _, m in got.values()], 0), label=label(method),
+                                lw=1.2)
+        axes[0, j].set_title(f"case {case}: training objective")
+        axes[0, j].set_yscale("log")
+        axes[1, j].set_title(f"case {case}: test accuracy")
+        for ax in axes[:, j]:
+            ax.set_xlabel("round")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_selection(runs: Path, out: Path) -> None:
+    """Fig. 4a-d: for each case, client 0's and the last client's selected step indices over rounds (heat maps) and
+    every client's distance between the selected and the full mean gradient."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 3, figsize=(14, 9.5))
+    for i, case in enumerate((1, 2, 3)):
+        run_dir = runs / f"svm/case{case}/bherd/seed0"
+        if not (run_dir / "summary.json").is_file():
+            continue
+        arrays = read_arrays(run_dir)
+        ids, selected, distance = arrays["bherd_client_ids"], arrays["bherd_selected"], arrays["bherd_distance"]
+        for j, client in enumerate((0, ids.shape[1] - 1)):
+            position = np.argmax(ids == client, axis=1)
+            mask = selected[np.arange(len(ids)), position]
+            axes[i, j].imshow(mask.T, aspect="auto", origin="lower", cmap="Greys", interpolation="nearest")
+            axes[i, j].set_title(f"case {case}, client {client + 1}: selected steps")
+            axes[i, j].set_xlabel("round")
+            axes[i, j].set_ylabel("local step")
+        for client in range(ids.shape[1]):
+            position = np.argmax(ids == client, axis=1)
+            axes[i, 2].plot(arrays["round"], distance[np.arange(len(ids)), position], lw=0.8, label=f"client {client + 1}")
+        axes[i, 2].set_yscale("log")
+        axes[i, 2].set_title(f"case {case}: ||selected mean - full mean|| (gradient)")
+        axes[i, 2].set_xlabel("round")
+        axes[i, 2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def report(runs: Path, seeds, out_dir: Path) -> None:
+    methods = list(METHODS)
+    lines = ["# BHerd at CPU scale: results", "",
+             "Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). Each cell "
+             "is the mean ± standard deviation over the seeds listed; a seed changes the batch orders (and the CNN's "
+             "initialisation). Training loss: the global model's training objective on all training rows (the SVM's "
+             "includes its l2 term), the quantity of the paper's loss plots. Rounds to a target are the first "
+             "evaluated round that reaches it (the SVM evaluates every round, the CNNs every 5).", ""]
+    sections = [("svm", "SVM on MNIST even/odd, paper scale (500 rounds)", (1, 2, 3), (10, 50, 100, 500)),
+                ("cnn", "CNN on MNIST, 1,500 training rows, B = 5, 60 rounds", (1, 2, 3), (10, 30, 60)),
+                ("cifar", "CNN on CIFAR-10, 1,500 training rows, B = 5, 60 rounds", (3,), (10, 30, 60))]
+    for part, title, cases, checkpoints in sections:
+        lines += [f"## {title}", ""]
+        for case in cases:
+            lines += [f"### Case {case}", "", *case_table(runs, part, case, seeds, methods, checkpoints), ""]
+        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd"], out_dir / f"bherd_{part}.png")
+        plot_cases(runs, part, cases, seeds, ["fednova", "bherd_fednova", "scaffold", "bherd_scaffold"],
+                   out_dir / f"bherd_{part}_combined.png")
+        lines += [f"![{part}: FedAvg, GraB, BHerd](bherd_{part}.png)", "",
+                  f"![{part}: FedNova, SCAFFOLD and their BHerd versions](bherd_{part}_combined.png)", ""]
+    alpha_methods = ["svm/case{case}/fedavg"] + [f"alpha/case{{case}}/a{a}" if a != 0.5 else "svm/case{case}/bherd"
+                                                 for a in ALPHAS]
+    lines += ["## Alpha sweep (SVM, Fig. 3a)", ""]
+    for case in (1, 2, 3):
+        lines += [f"### Case {case}", "", *case_table(runs, "svm", case, seeds, alpha_methods, (10, 50, 100, 500)),
+                  ""]
+    plot_cases(runs, "alpha", (1, 2, 3), seeds, alpha_methods, out_dir / "bherd_alpha.png")
+    plot_selection(runs, out_dir / "bherd_selection.png")
+    lines += ["![alpha sweep](bherd_alpha.png)", "", "## Selection maps and distances (Fig. 4a-d, seed 0)", "",
+              "![selected steps and distance to the mean](bherd_selection.png)", ""]
+    (out_dir / "bherd_results.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["svm", "alpha"], choices=["svm", "alpha", "cnn", "cifar"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bherd")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "reproductions")
+    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second process)")
+    parser.add_argument("--report", action="store_true", help="only write the tables and figures")
+    args = parser.parse_args()
+    if not args.report:
+        for part in args.parts:
+            todo = list(jobs(part, args.seeds, args.methods))
+            for name, config, overrides in (reversed(todo) if args.reverse else todo):
+                run(args.runs, name, config, overrides)
+            report(args.runs, args.seeds, args.out)
+    report(args.runs, args.seeds, args.out)
+    print(f"wrote {args.out / 'bherd_results.md'}")
+
+
+if __name__ == "__main__":
+    main()
