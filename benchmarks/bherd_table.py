@@ -8,8 +8,8 @@ Parts:
 * ``svm_lr``: the same at a learning rate of 0.001 (the paper's value is unreadable: "1 x 10^?"; at 0.01 every
   method reaches the SVM's optimum within about 10 rounds in case 1).
 * ``alpha``: BHerd's alpha sweep {0.1, 0.3, 0.5, 0.7, 1.0} on the SVM, cases 1-3 (Fig. 3a).
-* ``cnn``: the reference CNN on MNIST (10 classes) at a reduced scale: the first 1,500 training rows, B = 5 so that
-  tau = 60 as the paper's order of magnitude, 60 rounds, cases 1-3, the same methods (Fig. 2a-b, second row).
+* ``cnn``: the reference CNN on MNIST (10 classes) at a reduced scale: the first 1,000 training rows, B = 5 so that
+  tau = 40 (the paper's order of magnitude is 100), 40 rounds, cases 1-3, the same methods (Fig. 2a-b, second row).
 * ``cifar``: the reference CNN on CIFAR-10, case 3 only, the same reduced scale (Fig. 2a third row).
 
 Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations keep
@@ -27,7 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import time
 from pathlib import Path
 
@@ -56,7 +56,7 @@ LABELS = {"centralized": "Centralised SGD", "fedavg": "FedAvg (RR)", "fedavg_fix
           "bherd_rr": "BHerd-FedAvg, reshuffled (Fig. 4e)", "fednova": "FedNova (RR)",
           "scaffold": "SCAFFOLD (RR)", "bherd_fednova": "BHerd-FedNova", "bherd_scaffold": "BHerd-SCAFFOLD"}
 ALPHAS = (0.1, 0.3, 0.5, 0.7, 1.0)
-SCALED = ["dataset.subset=1500", "client.batch_size=5", "rounds.num_rounds=60", "eval.every=5"]
+SCALED = ["dataset.subset=1000", "client.batch_size=5", "rounds.num_rounds=40", "eval.every=5"]
 PARTS = {  # part: (config, cases, extra overrides)
     "svm": ("svm_mnist.yaml", (1, 2, 3), []),
     "svm_lr": ("svm_mnist.yaml", (1, 2, 3), ["client.learning_rate=0.001"]),
@@ -137,7 +137,7 @@ def rounds_to(rounds: np.ndarray, values: np.ndarray, target: float, below: bool
 
 
 def fmt(values, scale=1.0, digits=4) -> str:
-    values = np.asarray([v for v in values if v == v], float) * scale
+    values = np.asarray([v for v in values if not math.isnan(v)], float) * scale
     if not len(values):
         return "-"
     if len(values) == 1:
@@ -146,25 +146,31 @@ def fmt(values, scale=1.0, digits=4) -> str:
 
 
 def fmt_rounds(values, total: int) -> str:
-    reached = [v for v in values if v == v]
+    reached = [v for v in values if not math.isnan(v)]
     if not values:
         return "-"
     text = f"{np.mean(reached):.0f}" if reached else f"> {total}"
     return text + (f" ({len(reached)}/{len(values)} seeds)" if len(reached) < len(values) else "")
 
 
+LOSS_SLACK, ACC_FRACTION = 0.05, 0.99
+
+
 def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) -> list[str]:
     """One case: per method, the training objective at a few rounds, the final test accuracy, and the rounds to
-    reach FedAvg's final training objective and final test accuracy (means over the seeds)."""
+    reach two targets set by FedAvg (seed means): 95% of its decrease of the training objective from round 0 to its
+    last round, and 99% of its final test accuracy."""
     base = curves(runs, f"{part}/case{case}/fedavg", seeds)
     if not base:
         return [f"(case {case}: FedAvg has not finished yet)"]
     total = int(max(r[-1] for r, _ in base.values()))
-    loss_target = float(np.mean([m["full_train_loss"][-1] for _, m in base.values()]))
-    acc_target = float(np.mean([m["test_accuracy"][-1] for _, m in base.values()]))
+    start = float(np.mean([m["full_train_loss"][0] for _, m in base.values()]))
+    final = float(np.mean([m["full_train_loss"][-1] for _, m in base.values()]))
+    loss_target = final + LOSS_SLACK * (start - final)
+    acc_target = ACC_FRACTION * float(np.mean([m["test_accuracy"][-1] for _, m in base.values()]))
     head = ("| method | " + " | ".join(f"train loss @{c}" for c in checkpoints) +
-            f" | test acc @{total} (%) | rounds to FedAvg's final loss ({loss_target:.4f}) | "
-            f"rounds to FedAvg's final acc ({100 * acc_target:.2f}%) | seeds |")
+            f" | test acc @{total} (%) | rounds to loss {loss_target:.4f} | rounds to acc {100 * acc_target:.2f}% "
+            "| seeds |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for method in methods:
         got = curves(runs, run_name(part, case, method), seeds)
@@ -246,16 +252,18 @@ def plot_selection(runs: Path, out: Path) -> None:
 
 def report(runs: Path, seeds, out_dir: Path) -> None:
     methods = list(METHODS)
-    lines = ["# BHerd at CPU scale: results", "",
-             "Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). Each cell "
+    intro = ("Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). Each cell "
              "is the mean ± standard deviation over the seeds listed; a seed changes the batch orders (and the CNN's "
              "initialisation). Training loss: the global model's training objective on all training rows (the SVM's "
-             "includes its l2 term), the quantity of the paper's loss plots. Rounds to a target are the first "
-             "evaluated round that reaches it (the SVM evaluates every round, the CNNs every 5).", ""]
+             "includes its l2 term), the quantity of the paper's loss plots. The targets are FedAvg's (RR) in the same case: "
+             "95% of its decrease of the training objective from round 0 to its last round, and 99% of its final test "
+             "accuracy; rounds to a target are the first evaluated round that reaches it (the SVM evaluates every "
+             "round, the CNNs every 5), averaged over the seeds that reach it.")
+    lines = ["# BHerd at CPU scale: results", "", intro, ""]
     sections = [("svm", "SVM on MNIST even/odd, paper scale (500 rounds)", (1, 2, 3), (10, 50, 100, 500)),
                 ("svm_lr", "SVM on MNIST even/odd, paper scale, learning rate 0.001", (1, 2, 3), (10, 50, 100, 500)),
-                ("cnn", "CNN on MNIST, 1,500 training rows, B = 5, 60 rounds", (1, 2, 3), (10, 30, 60)),
-                ("cifar", "CNN on CIFAR-10, 1,500 training rows, B = 5, 60 rounds", (3,), (10, 30, 60))]
+                ("cnn", "CNN on MNIST, 1,000 training rows, B = 5, 40 rounds", (1, 2, 3), (10, 20, 40)),
+                ("cifar", "CNN on CIFAR-10, 1,000 training rows, B = 5, 40 rounds", (3,), (10, 20, 40))]
     for part, title, cases, checkpoints in sections:
         lines += [f"## {title}", ""]
         for case in cases:

@@ -8,8 +8,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lab.engine import ClientData, CohortPlan, LocalHooks, LocalSchedule, init_loop_state, make_run_rounds
-from fedjax_lab.engine import randomness, train_locally
+from fedjax_lab.engine import (
+    ClientData,
+    CohortPlan,
+    LocalHooks,
+    LocalSchedule,
+    init_loop_state,
+    make_run_rounds,
+    randomness,
+    train_locally,
+)
 from fedjax_lab.methods import bherd
 from fedjax_lab.methods.bherd import herded_steps, herding_order, nearest_order
 from fedjax_lab.methods.fedavg import fedavg
@@ -234,3 +242,14 @@ def test_full_train_objective_includes_the_l2_term():
     objective = 0.05 * w @ w + np.mean(0.5 * np.maximum(0, 1 - signs * (x @ w)) ** 2)
     np.testing.assert_allclose(out["full_train_loss"], objective, rtol=1e-5)
     assert set(out) == {"full_train_loss", "full_train_accuracy"}
+
+
+def test_alpha_outside_zero_one_is_refused_naming_the_field():
+    from fedjax_lab.experiments import ConfigError, validate
+
+    for alpha in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="algorithm.alpha: Input should be (greater than 0|less than or equal "
+                                              "to 1)"):
+            validate({**BHERD_RAW, "algorithm": {"name": "bherd", "alpha": alpha}})
+    with pytest.raises(ConfigError, match="algorithm.plugins.0.selection"):
+        validate({**BHERD_RAW, "algorithm": {"name": "scaffold", "plugins": [{"name": "bherd", "selection": "top"}]}})
