@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_lab.data.report import load_partition
 from fedjax_lab.experiments import load_config, run_experiment
 from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
@@ -216,6 +217,22 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
     plt.close(fig)
 
 
+def exclusion(run_dir: Path, last: int = 20) -> tuple[float, float] | None:
+    """Over the last ``last`` rounds of a BHerd run, the fractions of the clients' steps whose batch was never sent
+    and always sent (a fixed batch order puts the same batch at the same step every round); ``None`` without
+    selection maps."""
+    if not (run_dir / "summary.json").is_file() or "bherd_selected" not in (arrays := read_arrays(run_dir)):
+        return None
+    ids, selected = arrays["bherd_client_ids"][-last:], arrays["bherd_selected"][-last:]
+    counts = np.zeros((ids.max() + 1, selected.shape[-1]))
+    np.add.at(counts, ids, selected)
+    rows, _ = load_partition(run_dir / "partition.npz")
+    batch = load_config(run_dir / "config.yaml").client.batch_size
+    tau = np.array([max(len(r) // batch, 1) for r in rows])  # E = 1, remainders dropped
+    valid = np.arange(selected.shape[-1])[None, :] < tau[:, None]
+    return float(((counts == 0) & valid).sum() / valid.sum()), float(((counts == last) & valid).sum() / valid.sum())
+
+
 def plot_selection(runs: Path, out: Path) -> None:
     """Fig. 4a-d: for each case, client 0's and the last client's selected step indices over rounds (heat maps) and
     every client's distance between the selected and the full mean gradient."""
@@ -280,6 +297,20 @@ def report(runs: Path, seeds, out_dir: Path) -> None:
         lines += [f"### Case {case}", "", *case_table(runs, "svm", case, seeds, alpha_methods, (10, 50, 100, 500)),
                   ""]
     plot_cases(runs, "alpha", (1, 2, 3), seeds, alpha_methods, out_dir / "bherd_alpha.png")
+    caption = ("With one batch order per client, the same batch sits at the same step every round, and herding keeps "
+               "choosing similar steps (Fig. 4a-c): the share of a client's steps whose batch BHerd never sent in the "
+               "last 20 rounds, and always sent (seed means). For the reshuffled run the same count is over step "
+               "positions, which carry a different batch every round.")
+    lines += ["## Batches a fixed order never sends", "", caption, "",
+              "| run | never sent (%) | always sent (%) | seeds |", "|---|---|---|---|"]
+    for part, cases in (("svm", (1, 2, 3)), ("svm_lr", (1, 2, 3)), ("cnn", (1, 2, 3)), ("cifar", (3,))):
+        for case in cases:
+            for method in ("bherd", "bherd_rr", "bherd_scaffold", "bherd_fednova"):
+                got = [e for seed in seeds if (e := exclusion(runs / f"{part}/case{case}/{method}/seed{seed}"))]
+                if got:
+                    never, always = np.mean(got, 0) * 100
+                    lines.append(f"| {part}, case {case}, {label(method)} | {never:.1f} | {always:.1f} | {len(got)} |")
+    lines.append("")
     plot_selection(runs, out_dir / "bherd_selection.png")
     lines += ["![alpha sweep](bherd_alpha.png)", "", "## Selection maps and distances (Fig. 4a-d, seed 0)", "",
               "![selected steps and distance to the mean](bherd_selection.png)", ""]
