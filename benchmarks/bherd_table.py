@@ -285,10 +285,10 @@ def report(runs: Path, seeds, out_dir: Path) -> None:
         lines += [f"## {title}", ""]
         for case in cases:
             lines += [f"### Case {case}", "", *case_table(runs, part, case, seeds, methods, checkpoints), ""]
-        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd"], out_dir / f"bherd_{part}.png")
+        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd", "bherd_rr"], out_dir / f"bherd_{part}.png")
         plot_cases(runs, part, cases, seeds, ["fednova", "bherd_fednova", "scaffold", "bherd_scaffold"],
                    out_dir / f"bherd_{part}_combined.png")
-        lines += [f"![{part}: FedAvg, GraB, BHerd](bherd_{part}.png)", "",
+        lines += [f"![{part}: FedAvg, GraB, BHerd (fixed order and reshuffled)](bherd_{part}.png)", "",
                   f"![{part}: FedNova, SCAFFOLD and their BHerd versions](bherd_{part}_combined.png)", ""]
     alpha_methods = ["svm/case{case}/fedavg"] + [f"alpha/case{{case}}/a{a}" if a != 0.5 else "svm/case{case}/bherd"
                                                  for a in ALPHAS]
