@@ -147,3 +147,16 @@ def test_the_out_of_domain_head_trains_on_the_server_but_never_reaches_the_globa
     assert np.all(np.isfinite(metrics["feddle_search_loss_end"]))
     # The coefficients were applied to the whole anchors: the task's own output layer moved too.
     assert not np.allclose(state.server_state.params["params"]["output"]["kernel"], w0["params"]["output"]["kernel"])
+
+
+def test_the_probe_cosine_is_one_when_the_probe_is_the_search_loss_itself(tiny_data, tiny_classifier):
+    server = _inputs(tiny_data).server_arrays
+    n = int(server["y"].shape[0])
+    whole = {**server, "mask": jnp.ones((n,), jnp.float32)}  # batches of every row: the search's loss is fixed
+    probe = lambda variables: tiny_classifier.loss(variables, whole, jax.random.key(0))[0]  # noqa: E731
+    component = coefficient_search(tiny_classifier.loss, sample_server_batch(n), 6, 3, 0.05, probe=probe)
+    algorithm = fedavg(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(4, local_steps=3),
+                       component, weighting="uniform")
+    _, metrics = _run(algorithm, CohortPlan(tiny_data.num_clients, 3, delay=DelayModel("zero")), tiny_data,
+                      tiny_classifier, 3)
+    np.testing.assert_allclose(metrics["feddle_probe_cosine"], 1.0, rtol=1e-4)

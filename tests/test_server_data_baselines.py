@@ -1,5 +1,5 @@
-"""Feddle's in-domain baselines: Fed+FT fine-tunes the aggregate on the server's data; HFCL's server trains as a
-client and joins the mean."""
+"""Feddle's server-data baselines: Fed+FT fine-tunes the aggregate on the server's data; HFCL's server trains as
+a client and joins the mean; FedDF distils the arrived models' ensemble into the aggregate."""
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +8,11 @@ import optax
 from conftest import assert_trees_close, make_inputs
 
 from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, randomness
-from fedjax_lab.engine.components import component_key
+from fedjax_lab.engine.asynchrony import DelayModel
+from fedjax_lab.engine.components import ServerView, component_key
 from fedjax_lab.engine.local_training import train_locally
-from fedjax_lab.engine.types import ClientData
+from fedjax_lab.engine.types import ClientData, Cohort, ServerContext
+from fedjax_lab.methods.feddf import distillation_loss, ensemble_distillation, ensemble_logits
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.fedft import server_finetune
 from fedjax_lab.methods.hfcl import server_as_client
@@ -59,3 +61,48 @@ def test_hfcl_weighs_the_servers_own_training_as_one_more_client(tiny_data, tiny
     server = ClientData(jnp.int32(-1), jnp.arange(n, dtype=jnp.int32), jnp.int32(n), key)
     alone, _ = train_locally(w0, tiny_classifier, optimizer, server, inputs.server_arrays, key, SCHEDULE)
     assert_trees_close(dominant.server_state.params, alone, rtol=1e-4, atol=1e-5)
+
+
+def _distil(classifier, student, teachers, weights, server_arrays, steps):
+    component = ensemble_distillation(classifier, steps, 0.01, 16)
+    cohort = Cohort(jnp.arange(weights.shape[0]), jnp.ones(weights.shape))
+    view = ServerView((), {"feddf": teachers}, weights, cohort,
+                      ServerContext(jax.random.key(1), jnp.int32(0), server_arrays), student)
+    return component.after_step(view, student)[1]
+
+
+def _kl(classifier, student, teachers, weights, x):
+    target = ensemble_logits(classifier.predict, teachers, weights, x)
+    return float(distillation_loss(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
+
+
+def test_feddf_distils_the_weighted_ensemble_without_reading_labels(tiny_data, tiny_classifier):
+    inits = [tiny_classifier.init(jax.random.key(k)) for k in range(4)]
+    student, teachers = inits[0], jax.tree.map(lambda *x: jnp.stack(x), *inits[1:])
+    weights = jnp.array([1.0, 2.0, 0.0])  # the third is not an arrival: it must not count
+    server = _inputs(tiny_data).server_arrays
+    x = server["x"]
+    assert_trees_close(_distil(tiny_classifier, student, teachers, weights, server, 0), student)
+    distilled = _distil(tiny_classifier, student, teachers, weights, server, 40)
+    assert _kl(tiny_classifier, distilled, teachers, weights, x) < 0.5 * _kl(tiny_classifier, student, teachers,
+                                                                             weights, x)
+    # Labels are never read (FedDF-OOD runs on any inputs), and a zero-weight member changes nothing.
+    relabelled = {"x": x, "y": jnp.roll(server["y"], 1)}
+    other = jax.tree.map(lambda t, s: t.at[2].set(s), teachers, student)
+    assert_trees_close(distilled, _distil(tiny_classifier, student, other, weights, relabelled, 40))
+
+
+def test_feddf_runs_in_the_asynchronous_loop_with_its_buffer_as_the_ensemble(tiny_data, tiny_classifier):
+    plan = CohortPlan(tiny_data.num_clients, 3, delay=DelayModel("half_normal", sigma=2.0), buffer_size=3)
+    algorithm = fedavg(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), SCHEDULE,
+                       ensemble_distillation(tiny_classifier, 5, 0.003, 16))
+    inputs = _inputs(tiny_data)
+    state = init_loop_state(algorithm, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients, plan, inputs)
+    _, metrics = make_run_rounds(algorithm, plan)(state, inputs, num_rounds=12)
+    stepped = np.asarray(metrics["server_steps"]) > 0
+    start, end = np.asarray(metrics["feddf_loss_start"]), np.asarray(metrics["feddf_loss_end"])
+    # Stale arrivals disagree with the aggregate, and each distillation brings it nearer their ensemble (a
+    # student already at the ensemble, as in the first step, has nothing to learn).
+    apart = stepped & (start > 1e-3)
+    assert apart.sum() >= 5
+    assert np.all(end[apart] < start[apart])

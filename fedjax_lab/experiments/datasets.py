@@ -19,7 +19,9 @@ from fedjax_lab.experiments.config import Config, ConfigError, ImageDataset, Par
 
 def load_central(d: ImageDataset, name: str | None = None, relabel: bool = True) -> CentralDataset:
     """The centralised dataset ``name`` (default ``d.name``) from ``d.source``, with ``d.labels`` applied
-    (``parity`` only with ``relabel``)."""
+    (``parity`` only with ``relabel``). Another dataset (out-of-domain server data) keeps its own labels
+    (CIFAR-100's fine ones)."""
+    labels = d.labels if name in (None, d.name) else "fine"
     name = name or d.name
     if name == "image_folder":
         data = load_image_folder(d.data_dir)
@@ -27,11 +29,11 @@ def load_central(d: ImageDataset, name: str | None = None, relabel: bool = True)
         from fedjax_lab.data.tfds_source import load_tfds
 
         raw = load_tfds(d.tfds_name or name, d.data_dir,
-                        label_key="coarse_label" if d.labels == "coarse" else "label")
+                        label_key="coarse_label" if labels == "coarse" else "label")
         data = CentralDataset(name, raw["train"], raw["test"], raw["num_classes"], tuple(raw["class_names"]))
     else:
-        data = load_local(name, d.data_dir, "coarse" if d.labels == "coarse" else "fine")
-    return relabel_parity(data) if d.labels == "parity" and relabel else data
+        data = load_local(name, d.data_dir, "coarse" if labels == "coarse" else "fine")
+    return relabel_parity(data) if labels == "parity" and relabel else data
 
 
 def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, seed: int) -> list[np.ndarray]:

@@ -167,14 +167,19 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
                        fallback_rate: float | jax.Array = 1.0, fallback_init: bool = True,
                        normalize: bool = True, eviction: str = "importance",
                        surrogate: FeatureHeadTask | None = None, head_steps: int = 20,
-                       head_learning_rate: float | jax.Array = 1e-3, head_key: jax.Array | None = None) -> Component:
+                       head_learning_rate: float | jax.Array = 1e-3, head_key: jax.Array | None = None,
+                       probe: Callable[[Params], jax.Array] | None = None) -> Component:
     """Feddle's merge: see the module docstring. ``loss_fn(variables, batch, key)`` is the task's loss;
     ``server_batch(arrays, key)`` draws a batch of the server's data.
 
     With a ``surrogate`` (out-of-domain server data, Eq. 9-10) the search minimises the surrogate's loss: a new
     linear head on the model's features, first trained ``head_steps`` steps at the fallback model (Eq. 9) and
     kept across rounds. Only the body's anchors move that loss, and the coefficients are applied to the whole
-    anchors, head included; the surrogate's head never enters the global model."""
+    anchors, head included; the surrogate's head never enters the global model.
+
+    ``probe(variables)``, a loss on data the search never sees (Fig. 7: in-domain rows beside an out-of-domain
+    search), adds the metric ``feddle_probe_cosine``: the cosine between the search's coefficient gradient and
+    the probe's, both at the search's start."""
 
     def server_init(variables):
         head = None
@@ -212,6 +217,14 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
                 return surrogate.loss(merge_variables(p, model_state, variables), head,
                                       server_batch(view.context.server_arrays, key), key)[0]
 
+        metrics = {}
+        if probe is not None:
+            merged = lambda p: merge_variables(p, model_state, variables)
+            _, g_search = coefficient_gradient(lambda p: loss_at(p, view.context.key), params, anchors, start)
+            _, g_probe = coefficient_gradient(lambda p: probe(merged(p)), params, anchors, start)
+            g_search, g_probe = jnp.where(atlas.valid, g_search, 0.0), jnp.where(atlas.valid, g_probe, 0.0)
+            metrics["feddle_probe_cosine"] = jnp.vdot(g_search, g_probe) / jnp.maximum(
+                jnp.linalg.norm(g_search) * jnp.linalg.norm(g_probe), 1e-30)
         c, loss_before, loss_after = search(loss_at, params, anchors, atlas.valid, start, fallback, regularization,
                                             steps, optax.adam(learning_rate), view.context.key)
         scores = jnp.where(atlas.valid, jnp.abs(c), 0.0)
@@ -219,7 +232,7 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
             scores = jnp.where(atlas.valid, atlas.filled_at.astype(jnp.float32), 0.0)
         atlas = atlas._replace(scores=scores)
         mean_state = weighted_mean(state_deltas, view.weights)
-        metrics = {"feddle_atlas_size": jnp.sum(atlas.valid),
+        metrics |= {"feddle_atlas_size": jnp.sum(atlas.valid),
                    "feddle_negative_fraction": jnp.sum(atlas.valid & (c < 0)) / jnp.maximum(jnp.sum(atlas.valid), 1),
                    "feddle_anchor_norm_median": med, "feddle_search_loss_start": loss_before,
                    "feddle_search_loss_end": loss_after, "feddle_coefficients": c}
@@ -250,4 +263,16 @@ def build(config, context) -> tuple[Component, ...]:
                                config.atlas_size, config.search_steps, config.search_learning_rate,
                                config.regularization, config.fallback_learning_rate, config.fallback_init,
                                config.normalize, config.eviction, surrogate, config.head_steps,
-                               config.head_learning_rate, jax.random.fold_in(context.key, 7)),)
+                               config.head_learning_rate, jax.random.fold_in(context.key, 7),
+                               test_probe(context, config.probe_examples)),)
+
+
+def test_probe(context, num_examples: int) -> Callable[[Params], jax.Array] | None:
+    """The task's loss on the first ``num_examples`` test rows (``None`` for 0): a diagnostic only, never
+    searched on."""
+    if not num_examples:
+        return None
+    test = context.dataset.test
+    n = min(num_examples, len(test["y"]))
+    batch = {"x": jnp.asarray(test["x"][:n]), "y": jnp.asarray(test["y"][:n]), "mask": jnp.ones((n,), jnp.float32)}
+    return lambda variables: context.classifier.loss(variables, batch, jax.random.key(0))[0]

@@ -267,6 +267,9 @@ class FeddleConfig(AlgorithmFields):
     eviction: Literal["importance", "fifo"] = Field("importance", description="which anchor a full atlas drops")
     head_steps: int = Field(20, ge=0, description="out-of-domain: Adam steps on the surrogate head a round (Eq. 9)")
     head_learning_rate: PositiveFloat = Field(1e-3, description="out-of-domain: the surrogate head's rate")
+    probe_examples: int = Field(0, ge=0, description="diagnostic (Fig. 7): the cosine of the search's coefficient "
+                                                     "gradient with that of the task's loss on this many test rows, "
+                                                     "never searched on (0: off)")
 
 
 @register(builder="fedjax_lab.methods.hfcl:build", needs_server_data=True)
@@ -378,6 +381,20 @@ class FedFTConfig(AlgorithmFields):
     steps: PositiveInt = Field(20, description="Adam steps on the server's data a round")
     learning_rate: PositiveFloat = Field(1e-3, description="the paper's grid: 1e-5, 1e-4, 1e-3")
     batch_size: PositiveInt = Field(64, description="server examples a step")
+
+
+@register(builder="fedjax_lab.methods.feddf:build", plugin=True, needs_server_data=True)
+class FedDFConfig(AlgorithmFields):
+    """FedDF (Lin et al. 2020; Feddle's baseline): the arrived models' ensemble is distilled into the aggregate on
+    the server's inputs (labels unused: in-domain or out-of-domain)."""
+
+    name: Literal["feddf"] = method_name("feddf")
+    buffer_size: PositiveInt | None = Field(10, description="arrivals per server step, the ensemble's size (as "
+                                                            "FedBuff's)")
+    steps: PositiveInt = Field(20, description="Adam steps of distillation a server step")
+    learning_rate: PositiveFloat = Field(1e-3, description="the paper's grid: 1e-5, 1e-4, 1e-3")
+    batch_size: PositiveInt = Field(64, description="server examples a step")
+    temperature: PositiveFloat = Field(1.0, description="T of the softened softmax (FedDF: 1)")
 
 
 # ----------------------------------------------------------------------------------------------- plug-ins

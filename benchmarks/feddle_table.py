@@ -1,0 +1,315 @@
+"""Feddle's Table 5 (small CNN from scratch), its Table 3 ablation and its lambda and M trends, at CPU scale.
+
+Every method of Table 5 on ``configs/feddle/cpu_<dataset>{,_ood}.yaml`` (the federation of
+``configs/async/cpu_<dataset>.yaml``: 500 clients, 10 dispatched a round, the small CNN, Adam clients with 5 steps
+of 32, 100 rounds), in the paper's two groups:
+
+* with in-domain server data (1000 test rows, evaluation on the rest): Center, Fed+FT, HFCL, FedDF-ID,
+  Feddle-ID;
+* without: FedAvg, FedAsync, FedBuff, CA2FL, and with out-of-domain server data FedDF-OOD, Feddle-OOD.
+
+A cell is the best of the last five evaluations (every 10 rounds), mean ± std over the seeds, as the paper
+reports. Runs go to ``runs/feddle/<dataset>/dir<alpha>/N<sigma>/<method>/seed<k>``; finished runs are reused,
+and several copies of the script share the work (a claim file per run). Writes
+``docs/reproductions/feddle_results.md`` and its figures.
+
+Usage::
+
+    python benchmarks/feddle_table.py                                  # Fashion-MNIST, Dir(0.1), N(20) and N(5)
+    python benchmarks/feddle_table.py --reverse                        # a second copy, from the other end
+    python benchmarks/feddle_table.py --part ablation trends           # Table 3 and the lambda / M trends (seed 0)
+    python benchmarks/feddle_table.py --datasets cifar10 cifar100 --alphas 0.1 0.3   # the rest of Table 5
+    python benchmarks/feddle_table.py --report                         # the report from finished runs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments.run_directory import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs" / "feddle"
+FEDDF = "algorithm={name: feddf, steps: 10}"
+# method -> (label, server data: id | ood | none, overrides)
+METHODS = {
+    "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null", "rounds.clients_per_round=1"]),
+    "fedft": ("Fed+FT", "id", ["algorithm={name: fedft}"]),
+    "hfcl": ("HFCL", "id", ["algorithm={name: hfcl}"]),
+    "feddf_id": ("FedDF-ID", "id", [FEDDF]),
+    "feddle_id": ("**Feddle-ID**", "id", []),
+    "fedavg": ("FedAvg", "none", ["algorithm={name: fedavg}"]),
+    "fedasync": ("FedAsync", "none", ["algorithm={name: fedasync}"]),
+    "fedbuff": ("FedBuff", "none", ["algorithm={name: fedbuff}"]),
+    "ca2fl": ("CA2FL", "none", ["algorithm={name: ca2fl}"]),
+    "feddf_ood": ("FedDF-OOD", "ood", [FEDDF]),
+    "feddle_ood": ("**Feddle-OOD**", "ood", []),
+}
+COLUMNS = [(0.1, 20), (0.1, 5), (0.3, 20), (0.3, 5)]
+PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
+    "cifar10": {
+        "center": ["42.1±0.1"], "fedft": ["44.3±0.5", "47.4±0.2", "46.9±0.6", "51.3±0.6"],
+        "hfcl": ["44.7±0.5", "47.1±0.4", "47.6±0.1", "51.2±1.1"],
+        "feddf_id": ["18.0±1.0", "19.8±2.0", "37.3±1.2", "39.5±1.3"],
+        "feddle_id": ["51.2±1.4", "52.9±0.3", "51.5±1.1", "53.3±0.6"],
+        "fedavg": ["31.0±1.3", "35.0±3.8", "37.2±1.2", "52.0±2.6"],
+        "fedasync": ["35.5±1.4", "40.4±0.2", "43.2±0.8", "45.7±3.1"],
+        "fedbuff": ["26.8±3.3", "33.2±7.6", "32.6±4.1", "44.0±7.2"],
+        "ca2fl": ["27.6±6.9", "36.6±2.7", "37.1±3.4", "43.9±4.5"],
+        "feddf_ood": ["18.5±1.9", "19.4±1.9", "35.1±0.2", "39.3±1.4"],
+        "feddle_ood": ["37.6±4.5", "42.3±1.6", "44.5±0.8", "53.1±2.5"]},
+    "cifar100": {
+        "center": ["23.3±0.5"], "fedft": ["26.2±0.7", "29.7±0.3", "27.0±0.3", "30.3±0.3"],
+        "hfcl": ["28.9±0.4", "30.8±0.3", "29.3±0.4", "31.9±0.5"],
+        "feddf_id": ["28.7±0.5", "29.3±0.6", "28.9±0.1", "29.1±0.2"],
+        "feddle_id": ["32.7±0.6", "38.6±1.6", "38.0±0.7", "40.3±0.8"],
+        "fedavg": ["21.7±2.2", "27.7±1.9", "25.9±1.2", "32.1±0.7"],
+        "fedasync": ["24.3±1.2", "30.8±0.7", "27.0±1.1", "33.0±0.4"],
+        "fedbuff": ["22.5±2.2", "31.5±2.4", "24.9±4.4", "31.1±2.5"],
+        "ca2fl": ["22.3±0.7", "29.9±3.8", "25.2±3.2", "32.0±2.8"],
+        "feddf_ood": ["24.1±0.4", "29.8±0.5", "27.1±0.4", "33.3±0.9"],
+        "feddle_ood": ["31.9±1.8", "37.2±1.7", "36.9±1.4", "40.4±0.6"]},
+    "fashion_mnist": {
+        "center": ["82.6±0.9"], "fedft": ["84.5±0.2", "86.1±0.2", "85.1±0.0", "87.1±0.0"],
+        "hfcl": ["84.4±0.4", "86.2±0.1", "85.2±0.3", "87.1±0.2"],
+        "feddf_id": ["48.9±5.8", "44.0±5.0", "72.9±0.9", "71.7±4.9"],
+        "feddle_id": ["86.5±0.2", "87.3±0.0", "86.4±0.2", "87.1±0.1"],
+        "fedavg": ["60.8±4.4", "80.7±1.0", "81.1±0.7", "86.6±0.1"],
+        "fedasync": ["78.4±2.2", "80.9±1.8", "83.4±0.6", "85.4±1.0"],
+        "fedbuff": ["79.4±1.0", "82.4±1.5", "81.6±4.6", "85.4±1.0"],
+        "ca2fl": ["78.9±0.9", "85.4±0.7", "82.1±2.7", "85.5±0.6"],
+        "feddf_ood": ["47.4±6.8", "54.7±5.3", "71.9±0.4", "79.1±2.6"],
+        "feddle_ood": ["81.4±2.4", "86.1±2.0", "85.1±0.8", "88.2±1.3"]},
+}
+NO_SEARCH_START = ["algorithm.fallback_init=false", "algorithm.regularization=0.0"]
+ABLATION = [  # Table 3, cumulative; the paper (ResNet18, CIFAR-10, Dir(0.1)/N(20)): (in-domain, out-of-domain)
+    ("Base (FIFO, no normalisation, c from 0, lambda 0)",
+     NO_SEARCH_START + ["algorithm.normalize=false", "algorithm.eviction=fifo"], ("81.9±0.7", "10.9±0.4")),
+    ("+ anchor normalisation", NO_SEARCH_START + ["algorithm.eviction=fifo"], ("83.1±0.4", "7.7±0.4")),
+    ("+ importance eviction", NO_SEARCH_START, ("84.2±0.1", "9.3±0.1")),
+    ("+ fallback initialisation", ["algorithm.regularization=0.0"], ("86.3±0.4", "81.0±1.2")),
+    ("+ fallback regularisation (lambda 0.01)", ["algorithm.regularization=0.01"], ("86.3±0.2", "82.2±1.4")),
+]
+LAMBDAS = [0.0, 0.01, 0.1]
+ATLAS_SIZES = [10, 20, 40]
+PROBE = "algorithm.probe_examples=512"
+
+
+def cell_name(dataset: str, alpha: float, sigma: int) -> str:
+    return f"{dataset}/dir{alpha}/N{sigma}"
+
+
+def config_for(dataset: str, data: str) -> Path:
+    if data == "none":
+        return REPO / "configs" / "async" / f"cpu_{dataset}.yaml"
+    return CONFIGS / f"cpu_{dataset}{'_ood' if data == 'ood' else ''}.yaml"
+
+
+def run(runs: Path, name: str, config: Path, overrides: list[str]) -> None:
+    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
+    run_dir = runs / name
+    if (run_dir / "summary.json").is_file():
+        return
+    claim = runs / ".claims" / name.replace("/", "__")
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        claim.open("x").close()
+    except FileExistsError:
+        return
+    start = time.perf_counter()
+    summary = run_experiment(load_config(config, overrides), run_dir, overwrite=True, progress=False)
+    claim.unlink()
+    print(f"{name:<60} test acc {summary['final']['test_accuracy']:.4f} ({time.perf_counter() - start:.0f} s)",
+          flush=True)
+
+
+def table_jobs(datasets, alphas, sigmas, seeds, methods):
+    for seed in seeds:
+        for dataset in datasets:
+            for alpha in alphas:
+                for sigma in sigmas:
+                    for method in methods:
+                        if method == "center" and (alpha, sigma) != (alphas[0], sigmas[0]):
+                            continue  # Center uses no client: one run per seed
+                        _, data, overrides = METHODS[method]
+                        yield (f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}", config_for(dataset, data),
+                               overrides + [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}",
+                                            f"seed={seed}"])
+
+
+def study_jobs(dataset: str, parts):
+    """Table 3 and the trends on Dir(0.1)/N(20), seed 0, with the probe cosine (Fig. 7) on."""
+    for data in ("id", "ood"):
+        config = config_for(dataset, data)
+        if "ablation" in parts:
+            for k, (_, overrides, _) in enumerate(ABLATION):
+                yield f"{dataset}/ablation/{data}/step{k}", config, overrides + [PROBE]
+        if "trends" in parts:
+            for lam in LAMBDAS:
+                if trend_run(dataset, "lambda", data, lam).startswith(f"{dataset}/lambda"):
+                    yield trend_run(dataset, "lambda", data, lam), config, [f"algorithm.regularization={lam}", PROBE]
+            for m in ATLAS_SIZES:
+                if trend_run(dataset, "atlas", data, m).startswith(f"{dataset}/atlas"):
+                    yield trend_run(dataset, "atlas", data, m), config, [f"algorithm.atlas_size={m}", PROBE,
+                                                                         f"algorithm.regularization={REGULARIZATION[data]}"]
+
+
+REGULARIZATION = {"id": 0.0, "ood": 0.01}  # the paper's defaults
+
+
+def trend_run(dataset: str, study: str, data: str, value) -> str:
+    """A trend's run, or the ablation's run with the same settings (lambda 0 / 0.01 are its last two steps,
+    and M 20 at the default lambda one of them)."""
+    if study == "lambda" and value in (0.0, 0.01):
+        return f"{dataset}/ablation/{data}/step{3 if value == 0.0 else 4}"
+    if study == "atlas" and value == 20:
+        return f"{dataset}/ablation/{data}/step{3 if data == 'id' else 4}"
+    return f"{dataset}/{study}/{data}/{value}"
+
+
+def paper_metric(run_dir: Path) -> tuple[float, float] | None:
+    """(best of the last five evaluations, final accuracy), in %; ``None`` for an unfinished run."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    accuracies = [r["test_accuracy"] for r in read_metrics(run_dir) if "test_accuracy" in r]
+    return 100 * max(accuracies[-5:]), 100 * accuracies[-1]
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{np.mean(values):.1f}±{np.std(values):.1f}" + ("" if len(values) > 1 else " (1 seed)")
+
+
+def series(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [r for r in read_metrics(run_dir) if key in r]
+    return np.array([r["round"] for r in rows]), np.array([r[key] for r in rows])
+
+
+def report(runs: Path, datasets, seeds, out: Path) -> None:
+    """Table 5 beside the paper's rows per dataset, Table 3, the trends, and the figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = ["# Feddle at CPU scale (generated by `benchmarks/feddle_table.py`)", "",
+             "Small CNN from scratch (`feddle_cnn`), 500 clients, 10 dispatched a round, Adam clients (5 steps of 32, "
+             "lr 1e-3), 100 rounds (the paper: 200 rounds, 2 epochs). In-domain server data: 1000 test rows, "
+             "evaluation on the other 9000. Out-of-domain: 10,000 images of another dataset (MNIST for "
+             "Fashion-MNIST, CIFAR-100 for CIFAR-10, CIFAR-10 for CIFAR-100) in place of the paper's ImageNet "
+             "subset. FedDF distils for 10 Adam steps of 64 a server step. A cell: paper | ours, the best of the last "
+             "five evaluations, mean ± std over seeds " + ", ".join(map(str, seeds)) + "; '-' is not run.", ""]
+    for dataset in datasets:
+        lines += [f"## Table 5, {dataset}", "",
+                  "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
+                  "|---|---|" + "---|---|" * len(COLUMNS)]
+        for method, (label, data, _) in METHODS.items():
+            row = []
+            for k, (a, s) in enumerate(COLUMNS):
+                paper = PAPER[dataset][method]
+                if method == "center" and k:
+                    row.append(" | ")
+                    continue
+                got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}") for seed in seeds]
+                row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None])}")
+            lines.append(f"| {label} | {'yes' if data == 'id' else 'no'} | " + " | ".join(row) + " |")
+        lines.append("")
+        figure = out.parent / f"feddle_negative_{dataset}.png"
+        found = [(a, s, m) for a, s in COLUMNS for m in ("feddle_id", "feddle_ood")
+                 if (runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}/summary.json").is_file()]
+        if found:
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for a, s, m in found:
+                x, y = series(runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}", "feddle_negative_fraction")
+                ax.plot(x, y, label=f"{METHODS[m][0].strip('*')} Dir({a})/N({s})", lw=1)
+            ax.set(xlabel="round", ylabel="fraction of c < 0", title=f"Negative coefficients, {dataset}, seed "
+                   f"{seeds[0]} (Fig. 6)", ylim=(0, 1))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(figure, dpi=110)
+            plt.close(fig)
+            lines += [f"![negative coefficients]({figure.name})", ""]
+        lines += study_report(runs, dataset, out, plt)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
+    """Table 3, the lambda and M trends and the probe-cosine figure (Fig. 7), where their runs exist."""
+    def acc(name):
+        got = paper_metric(runs / name)
+        return f"{got[0]:.1f}" if got else "-"
+
+    def cosine(name):
+        y = [r["feddle_probe_cosine"] for r in read_metrics(runs / name) if r.get("server_steps", 0) > 0]
+        return f"{np.mean(y):.2f}" if len(y) else "-"
+
+    lines = []
+    if any((runs / f"{dataset}/ablation").glob("*/*/summary.json")):
+        lines += [f"## Table 3 (ablation), {dataset}, Dir(0.1)/N(20), seed 0", "",
+                  "| configuration | ID paper | ID ours | OOD paper | OOD ours | OOD probe cosine (mean) |",
+                  "|---|---|---|---|---|---|"]
+        for k, (label, _, (pid, pood)) in enumerate(ABLATION):
+            lines.append(f"| {label} | {pid} | {acc(f'{dataset}/ablation/id/step{k}')} | {pood} | "
+                         f"{acc(f'{dataset}/ablation/ood/step{k}')} | {cosine(f'{dataset}/ablation/ood/step{k}')} |")
+        lines.append("")
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for k in (0, 3, 4):
+            rows = [r for r in read_metrics(runs / f"{dataset}/ablation/ood/step{k}") if r.get("server_steps", 0) > 0]
+            if rows:
+                ax.plot([r["round"] for r in rows], [r["feddle_probe_cosine"] for r in rows], ".", ms=3,
+                        label=ABLATION[k][0][:40])
+        ax.set(xlabel="round", ylabel="cosine", ylim=(-1.05, 1.05),
+               title="cos(dh/dc on OOD data, dl/dc on 512 test rows) at the search's start (Fig. 7)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out.parent / f"feddle_probe_cosine_{dataset}.png", dpi=110)
+        plt.close(fig)
+        lines += [f"![probe cosine](feddle_probe_cosine_{dataset}.png)", ""]
+    for study, values, field in (("lambda", LAMBDAS, "lambda"), ("atlas", ATLAS_SIZES, "M")):
+        if any((runs / f"{dataset}/{study}").glob("*/*/summary.json")) or study == "lambda" and any(
+                (runs / f"{dataset}/ablation").glob("*/*/summary.json")):
+            lines += [f"## {field} trend, {dataset}, Dir(0.1)/N(20), seed 0", "",
+                      f"| {field} | " + " | ".join(map(str, values)) + " |", "|---|" + "---|" * len(values)]
+            for data in ("id", "ood"):
+                lines.append(f"| Feddle-{data.upper()} | " + " | ".join(acc(trend_run(dataset, study, data, v))
+                                                                         for v in values) + " |")
+            lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(PAPER))
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.1])
+    parser.add_argument("--sigmas", type=int, nargs="+", default=[20, 5])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "ablation", "trends"])
+    parser.add_argument("--runs", default=str(REPO / "runs" / "feddle"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_results.md"))
+    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
+    args = parser.parse_args()
+    runs = Path(args.runs)
+    if not args.report:
+        jobs = []
+        if "table" in args.part:
+            jobs += list(table_jobs(args.datasets, args.alphas, args.sigmas, args.seeds, args.methods))
+        for dataset in args.datasets:
+            jobs += list(study_jobs(dataset, args.part))
+        for job in reversed(jobs) if args.reverse else jobs:
+            run(runs, *job)
+    report(runs, args.datasets, args.seeds, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
