@@ -12,8 +12,8 @@ from fedjax_lab.engine.asynchrony import DelayModel
 from fedjax_lab.engine.components import ServerView, component_key
 from fedjax_lab.engine.local_training import train_locally
 from fedjax_lab.engine.types import ClientData, Cohort, ServerContext
-from fedjax_lab.methods.feddf import distillation_loss, ensemble_distillation, ensemble_logits
 from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.feddf import distillation_loss, ensemble_distillation, ensemble_logits
 from fedjax_lab.methods.fedft import server_finetune
 from fedjax_lab.methods.hfcl import server_as_client
 from fedjax_lab.methods.server_optimizers import fedavg_server
