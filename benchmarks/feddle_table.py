@@ -11,7 +11,7 @@ of 32, 100 rounds), in the paper's two groups:
 A cell is the best of the last five evaluations (every 10 rounds), mean ± std over the seeds, as the paper
 reports. Runs go to ``runs/feddle/<dataset>/dir<alpha>/N<sigma>/<method>/seed<k>``; finished runs are reused,
 and several copies of the script share the work (a claim file per run). Writes
-``docs/reproductions/feddle_results.md`` and its figures.
+``docs/reproductions/feddle_tables.md`` and its figures.
 
 Usage::
 
@@ -138,8 +138,8 @@ def table_jobs(datasets, alphas, sigmas, seeds, methods):
                             continue  # Center uses no client: one run per seed
                         _, data, overrides = METHODS[method]
                         yield (f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}", config_for(dataset, data),
-                               overrides + [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}",
-                                            f"seed={seed}"])
+                               [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}", f"seed={seed}",
+                                *overrides])
 
 
 def study_jobs(dataset: str, parts):
@@ -295,7 +295,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "ablation", "trends"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "feddle"))
-    parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_results.md"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     args = parser.parse_args()
