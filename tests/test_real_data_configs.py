@@ -206,3 +206,28 @@ def test_feddle_paper_scale_configs_build_and_shape_check(name):
         for k in range(0, 500, 50):
             np.testing.assert_array_equal(np.sort(data.client_train_ids[k, :data.client_train_counts[k]]),
                                           np.sort(dealt[k]))
+
+
+@pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
+@pytest.mark.parametrize("name,other,classes", [("cpu_fashion_mnist_ood", "mnist", 10),
+                                                ("cpu_cifar10_ood", "cifar100", 100),
+                                                ("cpu_cifar100_ood", "cifar10", 10)])
+def test_feddle_out_of_domain_configs_hold_another_datasets_images_and_labels(name, other, classes):
+    """The out-of-domain server data is 10,000 images of another dataset with its own labels (CIFAR-100's fine
+    ones even beside a superclass task), and Feddle-OOD and FedDF-OOD compile to the right shapes on it."""
+    import jax
+
+    from fedjax_lab.data.sources import load_local
+    from fedjax_lab.experiments import load_config
+
+    for algorithm in ([], ["algorithm={name: feddf}"]):
+        experiment = build_experiment(load_config(f"configs/feddle/{name}.yaml", algorithm))
+        server = experiment.dataset.server
+        assert server["x"].shape == (10_000,) + experiment.dataset.input_shape
+        assert len(np.unique(server["y"])) == classes
+        source = load_local(other, labels="fine").train
+        assert (server["x"][0] == source["x"]).all(axis=tuple(range(1, source["x"].ndim))).any()
+        assert len(experiment.dataset.test["y"]) == 10_000  # evaluation on the whole test set
+        state = jax.eval_shape(experiment.initial_state)
+        out, _ = jax.eval_shape(lambda s, e=experiment: e.run_rounds(s, e.inputs, num_rounds=1), state)
+        assert jax.tree.map(lambda a: a.shape, out.server_state) == jax.tree.map(lambda a: a.shape, state.server_state)
