@@ -16,6 +16,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -48,8 +49,10 @@ def distillation_loss(student: jax.Array, teacher: jax.Array, mask: jax.Array, t
 def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Array, batch_size: int,
                           temperature: float = 1.0) -> Component:
     """FedDF's change to the round: after the server step, ``steps`` Adam steps distilling the arrived models'
-    ensemble into the new global model on the server's inputs (the optimiser starts afresh every step)."""
+    ensemble into the new global model on the server's inputs (the optimiser starts afresh every server step).
+    Teacher and student see the same inputs: the clients' augmentation is not applied."""
     draw = sample_server_batch(batch_size)
+    classifier = dataclasses.replace(classifier, augment=None)
 
     def finish(view, result: LocalResult):
         return result.variables, ()
