@@ -13,10 +13,11 @@ from fedjax_lab.engine.components import ServerView, component_key
 from fedjax_lab.engine.local_training import train_locally
 from fedjax_lab.engine.types import ClientData, Cohort, ServerContext
 from fedjax_lab.methods.fedavg import fedavg
-from fedjax_lab.methods.feddf import distillation_loss, ensemble_distillation, ensemble_logits
+from fedjax_lab.methods.feddf import ensemble_distillation, ensemble_logits
 from fedjax_lab.methods.fedft import server_finetune
 from fedjax_lab.methods.hfcl import server_as_client
 from fedjax_lab.methods.server_optimizers import fedavg_server
+from fedjax_lab.models.divergences import softened_kl
 
 SCHEDULE = LocalSchedule(4, local_steps=3)
 
@@ -73,7 +74,7 @@ def _distil(classifier, student, teachers, weights, server_arrays, steps):
 
 def _kl(classifier, student, teachers, weights, x):
     target = ensemble_logits(classifier.predict, teachers, weights, x)
-    return float(distillation_loss(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
+    return float(softened_kl(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
 
 
 def test_feddf_distils_the_weighted_ensemble_without_reading_labels(tiny_data, tiny_classifier):

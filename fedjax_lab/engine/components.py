@@ -41,6 +41,8 @@ class ClientView(NamedTuple):
       key: the component's own key for this client and round.
       learning_rate: the client optimiser's learning rate this round, read from the optimiser itself
         (:func:`~fedjax_lab.engine.local_training.first_step_rate`).
+      prepared: what the component's ``prepare`` hook computed for this client before its training (``()``
+        without one).
     """
 
     global_variables: Params
@@ -50,6 +52,7 @@ class ClientView(NamedTuple):
     arrays: Arrays
     key: jax.Array
     learning_rate: jax.Array
+    prepared: PyTree = ()
 
 
 class LocalResult(NamedTuple):
@@ -87,6 +90,8 @@ class Component(NamedTuple):
 
     Client side (each ``ClientView -> piece``; see :class:`~fedjax_lab.engine.local_training.LocalHooks`):
       client_init: ``(global_variables) -> state`` of one client, stacked over the population by the engine.
+      prepare: ``view -> pytree``, computed once per client before its local training (FedCOG's generated
+        inputs); the component's other client hooks see it as ``view.prepared``.
       loss_term: ``view -> LossTerm`` added to the objective; ``needs_features`` when it reads the
         representation.
       gradient / update: ``view -> optax.GradientTransformation`` before / after the client optimiser.
@@ -115,6 +120,7 @@ class Component(NamedTuple):
 
     name: str
     client_init: Callable[[Params], PyTree] | None = None
+    prepare: Callable[[ClientView], PyTree] | None = None
     loss_term: Callable[[ClientView], LossTerm] | None = None
     needs_features: bool = False
     gradient: Callable[[ClientView], optax.GradientTransformation] | None = None
@@ -164,9 +170,10 @@ def component_key(key: jax.Array, name: str) -> jax.Array:
 def client_views(components: Sequence[Component], global_variables: Params, server_states: dict[str, Any],
                  client_states: dict[str, Any], client: ClientData, arrays: Arrays, key: jax.Array,
                  learning_rate: jax.Array) -> list[ClientView]:
-    """Each component's :class:`ClientView` of this client's round."""
-    return [ClientView(global_variables, server_states.get(c.name, ()), client_states.get(c.name, ()), client,
-                       arrays, component_key(key, c.name), learning_rate) for c in components]
+    """Each component's :class:`ClientView` of this client's round, with what its ``prepare`` hook computed."""
+    views = [ClientView(global_variables, server_states.get(c.name, ()), client_states.get(c.name, ()), client,
+                        arrays, component_key(key, c.name), learning_rate) for c in components]
+    return [v._replace(prepared=c.prepare(v)) if c.prepare is not None else v for c, v in zip(components, views)]
 
 
 def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) -> LocalHooks:

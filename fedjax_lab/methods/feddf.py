@@ -27,6 +27,7 @@ from fedjax_lab.engine.components import Component, LocalResult, ServerView
 from fedjax_lab.engine.types import Arrays, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.methods.feddle import sample_server_batch
+from fedjax_lab.models.divergences import softened_kl
 
 
 def ensemble_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, weights: jax.Array,
@@ -36,14 +37,6 @@ def ensemble_logits(predict: Callable[[Params, jax.Array], jax.Array], members: 
     logits = jax.vmap(lambda v: predict(v, x))(members)
     share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
     return jnp.tensordot(share, logits, axes=1)
-
-
-def distillation_loss(student: jax.Array, teacher: jax.Array, mask: jax.Array, temperature: float) -> jax.Array:
-    """``T^2 KL(softmax(teacher / T) || softmax(student / T))``, averaged over the unmasked rows."""
-    target = jax.nn.softmax(teacher / temperature)
-    kl = jnp.sum(target * (jax.nn.log_softmax(teacher / temperature) - jax.nn.log_softmax(student / temperature)), -1)
-    weights = mask.astype(jnp.float32)
-    return temperature ** 2 * jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
 def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Array, batch_size: int,
@@ -67,7 +60,7 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
             batch: Arrays = draw(view.context.server_arrays, key)
             target = ensemble_logits(classifier.predict, teachers, weights, batch["x"])
             logits, new_state = classifier.apply_train(merge_variables(params, model_state, variables), batch, key)
-            return distillation_loss(logits, target, batch["mask"], temperature), new_state
+            return softened_kl(logits, target, batch["mask"], temperature), new_state
 
         def step(carry, s):
             params, model_state, opt_state = carry
