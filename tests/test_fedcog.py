@@ -42,7 +42,7 @@ def test_generation_lowers_its_loss_and_the_distillation_starts_at_zero(tiny_cla
     assert float(generated.loss_best) < float(generated.loss_start) - 0.2
     # Lemma 5.5: at the first local step the student is the global model, whose logits are the cached teacher.
     np.testing.assert_allclose(generated.teacher_logits, apply(global_vars, generated.inputs), rtol=1e-5, atol=1e-6)
-    kd = lambda v: softened_kl(apply(v, generated.inputs), generated.teacher_logits, jnp.ones(32))  # noqa: E731
+    kd = lambda v: softened_kl(apply(v, generated.inputs), generated.teacher_logits, jnp.ones(32))
     assert abs(float(kd(global_vars))) < 1e-6
     assert float(optax_norm(jax.grad(kd)(global_vars))) < 1e-5
     none = generate(apply, global_vars, local_vars, labels, jax.random.key(2), (5,), steps=0)
