@@ -128,7 +128,8 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
     """FedCOG's change to the round (see the module docstring): generation before local training, distillation
     during it, the previous local model as client state, and the server's step count as server state."""
     module = classifier.module
-    keep_previous = {"client_init": lambda variables: variables, "finish": lambda view, result: (None, result.variables)}
+    keep_previous = {"client_init": lambda variables: variables,
+                     "finish": lambda view, result: (None, result.variables)}
     if num_samples == 0:  # nothing to generate or distil on: the base's round, keeping the previous local model
         return Component("fedcog", **keep_previous)
 
