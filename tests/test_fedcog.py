@@ -99,3 +99,10 @@ def test_from_its_start_round_fedcog_changes_the_round_and_keeps_each_clients_pr
                                                           jax.tree.leaves(plain.server_state.params))]
     assert max(moved) > 1e-4 and np.all(np.isfinite(metrics["train_loss"]))
     assert int(later.server_state.components["fedcog"]) == 3  # server steps so far
+
+
+def test_beside_moon_fedcog_reads_moons_previous_models_instead_of_storing_its_own():
+    state, _ = _run(_plugged({"name": "moon", "mu": 1.0}, start_round=1))
+    assert set(state.client_states) == {"moon"}
+    alone, _ = _run(_plugged({"name": "fedavg"}, start_round=1))
+    assert set(alone.client_states) == {"fedcog"}

@@ -92,6 +92,9 @@ class Component(NamedTuple):
       client_init: ``(global_variables) -> state`` of one client, stacked over the population by the engine.
       prepare: ``view -> pytree``, computed once per client before its local training (FedCOG's generated
         inputs); the component's other client hooks see it as ``view.prepared``.
+      shares_state_of: the name of another component whose client state this one reads as ``view.state``
+        instead of keeping its own (FedCOG reads MOON's previous local models rather than storing them twice);
+        that component keeps it up to date, and this one's ``client_init`` and returned state are not used.
       loss_term: ``view -> LossTerm`` added to the objective; ``needs_features`` when it reads the
         representation.
       gradient / update: ``view -> optax.GradientTransformation`` before / after the client optimiser.
@@ -121,6 +124,7 @@ class Component(NamedTuple):
     name: str
     client_init: Callable[[Params], PyTree] | None = None
     prepare: Callable[[ClientView], PyTree] | None = None
+    shares_state_of: str | None = None
     loss_term: Callable[[ClientView], LossTerm] | None = None
     needs_features: bool = False
     gradient: Callable[[ClientView], optax.GradientTransformation] | None = None
@@ -157,6 +161,11 @@ def check_components(components: Sequence[Component]) -> None:
     senders = [c.name for c in components if c.send is not None]
     if len(senders) > 1:
         raise ValueError(f"at most one component may replace the delta a client sends, got {senders}")
+    owners = {c.name for c in components if c.client_init is not None and c.shares_state_of is None}
+    for c in components:
+        if c.shares_state_of is not None and c.shares_state_of not in owners:
+            raise ValueError(f"component {c.name!r} shares the client state of {c.shares_state_of!r}, which is not "
+                             f"a component with client state here (those: {sorted(owners)})")
     mergers = [c.name for c in components if c.merge is not None]
     if len(mergers) > 1:
         raise ValueError(f"at most one component may replace how the server merges the deltas, got {mergers}")
@@ -171,8 +180,9 @@ def client_views(components: Sequence[Component], global_variables: Params, serv
                  client_states: dict[str, Any], client: ClientData, arrays: Arrays, key: jax.Array,
                  learning_rate: jax.Array) -> list[ClientView]:
     """Each component's :class:`ClientView` of this client's round, with what its ``prepare`` hook computed."""
-    views = [ClientView(global_variables, server_states.get(c.name, ()), client_states.get(c.name, ()), client,
-                        arrays, component_key(key, c.name), learning_rate) for c in components]
+    views = [ClientView(global_variables, server_states.get(c.name, ()),
+                        client_states.get(c.shares_state_of or c.name, ()), client, arrays,
+                        component_key(key, c.name), learning_rate) for c in components]
     return [v._replace(prepared=c.prepare(v)) if c.prepare is not None else v for c, v in zip(components, views)]
 
 

@@ -89,7 +89,8 @@ def fedavg(
                                                             if c.server_init is not None})
 
     def client_init(server_state):
-        return {c.name: c.client_init(server_state.params) for c in components if c.client_init is not None}
+        return {c.name: c.client_init(server_state.params) for c in components
+                if c.client_init is not None and c.shares_state_of is None}
 
     def client_update(server_state, client_state, client, arrays, key):
         x = server_state.params
@@ -104,7 +105,7 @@ def fedavg(
                 part, state = c.finish(view, result)
                 if part is not None:
                     message[c.name] = part
-                if c.client_init is not None:
+                if c.client_init is not None and c.shares_state_of is None:
                     new_state[c.name] = state
             if c.send is not None:
                 message["delta"], part = c.send(view, result)

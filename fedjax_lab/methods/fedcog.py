@@ -15,7 +15,8 @@ From ``start_round`` server steps on, every client of the cohort, before its loc
 
 The server is the base method's, unchanged, so FedCOG is a plug-in on any base (FedAvg, FedAvgM, FedProx,
 SCAFFOLD, MOON, ...). Each client keeps its previous local model (initialised to the initial global model, so the
-disagreement term is inert until the client has trained once). Before ``start_round`` the generation is not run
+disagreement term is inert until the client has trained once); beside MOON, which keeps the same model, FedCOG
+reads MOON's instead of storing a second copy. Before ``start_round`` the generation is not run
 (a ``cond`` on the server's step count, which every client shares) and the round is the base's exactly.
 
 References:
@@ -124,12 +125,13 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
                          learning_rate: float | jax.Array = 0.01, lambda_dis: float | jax.Array = 0.1,
                          labels: str = "complement", kd_weighting: str = "fixed",
                          lambda_kd: float | jax.Array = 0.01, temperature: float = 1.0, batch_size: int = 64,
-                         start_round: int = 0) -> Component:
+                         start_round: int = 0, shares_state_of: str | None = None) -> Component:
     """FedCOG's change to the round (see the module docstring): generation before local training, distillation
-    during it, the previous local model as client state, and the server's step count as server state."""
+    during it, the previous local model as client state (or the one ``shares_state_of`` keeps, MOON's), and the
+    server's step count as server state."""
     module = classifier.module
     keep_previous = {"client_init": lambda variables: variables,
-                     "finish": lambda view, result: (None, result.variables)}
+                     "finish": lambda view, result: (None, result.variables), "shares_state_of": shares_state_of}
     if num_samples == 0:  # nothing to generate or distil on: the base's round, keeping the previous local model
         return Component("fedcog", **keep_previous)
 
@@ -189,7 +191,9 @@ def model_input_shape(classifier) -> tuple[int, ...]:
 def build(config, context) -> tuple[Component, ...]:
     """The components of a ``fedcog`` plug-in (or of ``algorithm.name: fedcog``, FedAvg + FedCOG); see
     ``methods/registry.py``."""
+    algorithm = context.config.algorithm
+    with_moon = "moon" in [algorithm.name, *(p.name for p in algorithm.plugins)]
     return (consensus_generation(context.classifier, context.dataset.num_classes, config.num_samples,
                                  config.steps, config.learning_rate, config.lambda_dis, config.labels,
                                  config.kd_weighting, config.lambda_kd, config.temperature, config.batch_size,
-                                 config.start_round),)
+                                 config.start_round, "moon" if with_moon else None),)
