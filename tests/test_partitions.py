@@ -160,3 +160,20 @@ def test_saved_partition_reloads_identically(tmp_path):
 def test_counts_table_lists_clients_and_totals():
     table = counts_table(np.array([[2, 0], [1, 3]]), ("a", "b"))
     assert "| 0 | 2 | 0 | 2 |" in table and "| **all** | 3 | 3 | 6 |" in table
+
+
+def test_class_blocks_is_fedcogs_deterministic_niid2():
+    labels = _labels()
+    rows = partitions.class_blocks(labels, 10, 2, 10)
+    assert _is_partition_of(rows, len(labels)) and sum(map(len, rows)) == len(labels)
+    for i in range(10):
+        assert set(labels[rows[i]]) == {2 * (i % 5), 2 * (i % 5) + 1} and len(rows[i]) == 50
+    zero = np.flatnonzero(labels == 0)
+    np.testing.assert_array_equal(np.sort(rows[0][labels[rows[0]] == 0]), zero[:25])  # contiguous halves
+    np.testing.assert_array_equal(np.sort(rows[5][labels[rows[5]] == 0]), zero[25:])
+    hundred = partitions.class_blocks(_labels((5,) * 100), 10, 10, 100)
+    assert [len(r) for r in hundred] == [50] * 10
+    with pytest.raises(PartitionError, match="multiple of 5"):
+        partitions.class_blocks(labels, 8, 2, 10)
+    with pytest.raises(PartitionError, match="must divide"):
+        partitions.class_blocks(labels, 10, 3, 10)

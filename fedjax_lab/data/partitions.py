@@ -147,6 +147,30 @@ def classes_per_client(labels: np.ndarray, num_clients: int, classes: int, seed:
     return [np.concatenate(p).astype(np.int64) for p in parts]
 
 
+def class_blocks(labels: np.ndarray, num_clients: int, classes: int, num_classes: int) -> ClientRows:
+    """FedCOG's NIID-2 (its code's ``noniid-skew``), deterministic: the classes form ``C / classes`` blocks of
+    consecutive classes, client ``i`` holds block ``i mod (C / classes)``, and each class's rows, in dataset order,
+    are cut into equal contiguous pieces among the clients of its block. With 10 clients and 2 classes, clients 0
+    and 5 hold classes {0, 1}, each half of every row of those classes.
+
+    Raises:
+      PartitionError: ``classes`` does not divide the classes, or the blocks do not divide the clients.
+    """
+    _check_clients(num_clients, len(labels))
+    if not 1 <= classes <= num_classes or num_classes % classes:
+        raise PartitionError(f"dataset.partition.classes must divide the {num_classes} classes, got {classes}")
+    blocks = num_classes // classes
+    if num_clients % blocks:
+        raise PartitionError(f"class_blocks: {blocks} blocks of {classes} classes need dataset.partition.num_clients "
+                             f"to be a multiple of {blocks}, got {num_clients}")
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for k in range(num_classes):
+        holders = [i for i in range(num_clients) if i % blocks == k // classes]
+        for i, piece in zip(holders, np.array_split(np.flatnonzero(labels == k), len(holders))):
+            parts[i].append(piece)
+    return [np.concatenate(p).astype(np.int64) for p in parts]
+
+
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int) -> ClientRows:
     """FedAvg's pathological split: sort rows by label (stably), cut ``num_clients * shards_per_client`` shards
     of ``N // (num_clients * shards_per_client)`` rows, and give each client that many random shards (the

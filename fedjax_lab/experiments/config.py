@@ -57,13 +57,13 @@ class GaussianMixtureDataset(Section):
 class PartitionConfig(Section):
     """How the training rows are dealt to clients (``fedjax_lab/data/partitions.py``)."""
 
-    name: Literal["iid", "dirichlet", "dirichlet_client", "classes_per_client", "shards", "quantity_skew",
-                  "feature_skew", "bherd_case"] = "dirichlet"
+    name: Literal["iid", "dirichlet", "dirichlet_client", "classes_per_client", "class_blocks", "shards",
+                  "quantity_skew", "feature_skew", "bherd_case"] = "dirichlet"
     num_clients: PositiveInt = 100
     alpha: PositiveFloat = Field(0.5, description="dirichlet, dirichlet_client, quantity_skew")
     min_size: int = Field(10, ge=1, description="dirichlet, quantity_skew: fewest rows a client may get")
     max_attempts: PositiveInt = Field(100, description="dirichlet, quantity_skew: redraws before giving up")
-    classes: PositiveInt = Field(2, description="classes_per_client")
+    classes: PositiveInt = Field(2, description="classes_per_client; class_blocks: classes per block")
     shards_per_client: PositiveInt = Field(2, description="shards")
     client_size: PositiveInt | None = Field(None, description="dirichlet_client; default N // num_clients")
     noise: float = Field(0.1, ge=0, description="feature_skew: client i gets noise * i / (n - 1)")

@@ -47,6 +47,8 @@ def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, see
         return partitions.dirichlet_client_mix(labels, n, p.alpha, seed, num_classes, p.client_size)
     if p.name == "classes_per_client":
         return partitions.classes_per_client(labels, n, p.classes, seed, num_classes)
+    if p.name == "class_blocks":
+        return partitions.class_blocks(labels, n, p.classes, num_classes)
     if p.name == "shards":
         return partitions.shards(labels, n, p.shards_per_client, seed)
     if p.name == "quantity_skew":
