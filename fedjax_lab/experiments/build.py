@@ -13,6 +13,7 @@ import optax
 
 from fedjax_lab import models
 from fedjax_lab.data import FederatedDataset
+from fedjax_lab.data.partitions import class_counts
 from fedjax_lab.engine import (
     Algorithm,
     AlgorithmAt,
@@ -26,6 +27,7 @@ from fedjax_lab.engine import (
     randomness,
 )
 from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
+from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.simulation import message_shapes
 from fedjax_lab.experiments import hyperparams
@@ -219,6 +221,7 @@ class Experiment:
     run_rounds: Any
     algorithm_at: Any = None
     train_evaluator: Evaluator | None = None
+    local_evaluator: LocalEvaluator | None = None
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -229,7 +232,10 @@ class Experiment:
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, and the training objective, when configured) of the
         global model."""
-        return self.evaluate_params(self.algorithm.model_params(state.server_state))
+        metrics = self.evaluate_params(self.algorithm.model_params(state.server_state))
+        if self.local_evaluator is not None:
+            metrics.update(self.local_evaluator(state, self.inputs))
+        return metrics
 
     def evaluate_params(self, params) -> dict[str, float]:
         """:meth:`evaluate` of a model's variables."""
@@ -277,6 +283,13 @@ def build_experiment(config: Config) -> Experiment:
         train_evaluator = Evaluator(classifier.example_metrics, {"x": dataset.train["x"][rows],
                                                                   "y": dataset.train["y"][rows]},
                                     config.eval.batch_size, prefix="full_train", l2=classifier.l2)
+    local_evaluator = None
+    if config.eval.local_models:
+        ids = np.arange(min(config.eval.local_models, dataset.num_clients))
+        rows = [dataset.client_train_ids[k, :dataset.client_train_counts[k]] for k in ids]
+        local_evaluator = LocalEvaluator(algorithm_at, classifier.example_metrics, dataset.test, dataset.num_classes,
+                                         ids, class_counts(dataset.train["y"], rows, dataset.num_classes),
+                                         config.eval.batch_size, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
     if plan.asynchronous:
         shapes = message_shapes(algorithm, jax.eval_shape(classifier.init, jax.random.key(0)), inputs)
@@ -285,4 +298,4 @@ def build_experiment(config: Config) -> Experiment:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator)
+                      make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator)

@@ -240,6 +240,10 @@ class EvalConfig(Section):
     train: bool = Field(False, description="also evaluate the global model on all clients' training rows: "
                                            "full_train_loss (the training objective, l2 included) and "
                                            "full_train_accuracy")
+    local_models: int = Field(0, ge=0, description="also train the first n clients one round from the global model "
+                                                   "(not aggregated) and report their local models' test accuracy, "
+                                                   "that reweighted by each client's class mix, and their distance "
+                                                   "to their aggregate (FedCOG's Table 9, Fig. 2); 0: off")
 
 
 class CheckpointConfig(Section):
