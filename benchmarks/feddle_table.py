@@ -149,10 +149,11 @@ def study_jobs(dataset: str, parts):
         if "ablation" in parts:
             for k, (_, overrides, _) in enumerate(ABLATION):
                 yield f"{dataset}/ablation/{data}/step{k}", config, overrides + [PROBE]
-        if "trends" in parts:
+        if "trends" in parts or "lambda" in parts:
             for lam in LAMBDAS:
                 if trend_run(dataset, "lambda", data, lam).startswith(f"{dataset}/lambda"):
                     yield trend_run(dataset, "lambda", data, lam), config, [f"algorithm.regularization={lam}", PROBE]
+        if "trends" in parts or "atlas" in parts:
             for m in ATLAS_SIZES:
                 if trend_run(dataset, "atlas", data, m).startswith(f"{dataset}/atlas"):
                     yield trend_run(dataset, "atlas", data, m), config, [f"algorithm.atlas_size={m}", PROBE,
@@ -293,7 +294,7 @@ def main() -> None:
     parser.add_argument("--sigmas", type=int, nargs="+", default=[20, 5])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "ablation", "trends"])
+    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "ablation", "trends", "lambda", "atlas"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "feddle"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")

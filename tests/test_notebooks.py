@@ -32,9 +32,17 @@ def _feddle_checks(tmp_path, namespace):
     assert len(namespace["negative"]) == 3
 
 
+def _fedcog_checks(tmp_path, namespace):
+    curves = namespace["curves"]
+    assert len(curves) == 4 and all(len(c) == 4 for c in curves.values())  # rounds 0..3
+    for base in ("FedAvg", "FedProx"):  # identical before the start round, apart after it
+        assert curves[base][:2] == curves[f"{base} + FedCOG"][:2]
+    assert (tmp_path / "runs" / "notebook_fedcog" / "fedcog_vs_base.png").exists()
+
+
 CHECKS = {"quickstart.ipynb": _quickstart_checks, "sweeps.ipynb": _sweeps_checks, "bherd.ipynb": _bherd_checks,
-          "feddle.ipynb": _feddle_checks}
-NEEDS_MNIST = {"bherd.ipynb", "feddle.ipynb"}
+          "feddle.ipynb": _feddle_checks, "fedcog.ipynb": _fedcog_checks}
+NEEDS_MNIST = {"bherd.ipynb", "feddle.ipynb", "fedcog.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
