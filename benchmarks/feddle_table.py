@@ -255,22 +255,25 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
     lines = []
     if any((runs / f"{dataset}/ablation").glob("*/*/summary.json")):
         lines += [f"## Table 3 (ablation), {dataset}, Dir(0.1)/N(20), seed 0", "",
-                  "| configuration | ID paper | ID ours | OOD paper | OOD ours | OOD probe cosine (mean) |",
-                  "|---|---|---|---|---|---|"]
+                  "| configuration | ID paper | ID ours | ID probe cosine | OOD paper | OOD ours | OOD probe cosine |",
+                  "|---|---|---|---|---|---|---|"]
         for k, (label, _, (pid, pood)) in enumerate(ABLATION):
-            lines.append(f"| {label} | {pid} | {acc(f'{dataset}/ablation/id/step{k}')} | {pood} | "
+            lines.append(f"| {label} | {pid} | {acc(f'{dataset}/ablation/id/step{k}')} | "
+                         f"{cosine(f'{dataset}/ablation/id/step{k}')} | {pood} | "
                          f"{acc(f'{dataset}/ablation/ood/step{k}')} | {cosine(f'{dataset}/ablation/ood/step{k}')} |")
         lines.append("")
-        fig, ax = plt.subplots(figsize=(7, 3.6))
-        for k in (0, 3, 4):
-            rows = [r for r in read_metrics(runs / f"{dataset}/ablation/ood/step{k}") if r.get("server_steps", 0) > 0]
-            if rows:
-                ax.plot([r["round"] for r in rows], [r["feddle_probe_cosine"] for r in rows], ".", ms=3,
-                        label=ABLATION[k][0][:40])
-        ax.set(xlabel="round", ylabel="cosine", ylim=(-1.05, 1.05),
-               title="cos(dh/dc on OOD data, dl/dc on 512 test rows) at the search's start (Fig. 7)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
+        for ax, data, title in zip(axes, ("ood", "id"), ("out-of-domain search", "in-domain search")):
+            for k in (0, 3, 4):
+                rows = [r for r in read_metrics(runs / f"{dataset}/ablation/{data}/step{k}")
+                        if r.get("server_steps", 0) > 0]
+                if rows:
+                    ax.plot([r["round"] for r in rows], [r["feddle_probe_cosine"] for r in rows], ".", ms=3,
+                            label=ABLATION[k][0][:40])
+            ax.set(xlabel="round", ylim=(-1.05, 1.05), title=f"{title}: cos(search dc, test-rows dc) (Fig. 7)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("cosine at the search's start")
         fig.tight_layout()
         fig.savefig(out.parent / f"feddle_probe_cosine_{dataset}.png", dpi=110)
         plt.close(fig)
