@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.local_training import GradFn, LocalHooks, LocalStats, LossTerm, StepRecord
@@ -184,6 +185,14 @@ def client_views(components: Sequence[Component], global_variables: Params, serv
                         client_states.get(c.shares_state_of or c.name, ()), client, arrays,
                         component_key(key, c.name), learning_rate) for c in components]
     return [v._replace(prepared=c.prepare(v)) if c.prepare is not None else v for c, v in zip(components, views)]
+
+
+def client_class_counts(view: ClientView, num_classes: int) -> jax.Array:
+    """``d``: the client's number of training rows of each class (FedCOG's target labels, FedGen's label
+    weights)."""
+    rows = jnp.arange(view.client.example_ids.shape[0]) < view.client.num_examples
+    labels = view.arrays["y"][view.client.example_ids]
+    return jnp.zeros((num_classes,), jnp.int32).at[labels].add(rows.astype(jnp.int32))
 
 
 def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) -> LocalHooks:

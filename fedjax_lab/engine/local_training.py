@@ -154,7 +154,9 @@ class LocalHooks(NamedTuple):
       gradient: an optax transformation applied to the gradient before the client optimiser (SCAFFOLD's
         correction in the paper's form).
       update: an optax transformation applied to the optimiser's update before it moves the parameters
-        (SCAFFOLD's correction as NIID-Bench applies it).
+        (SCAFFOLD's correction as NIID-Bench applies it). Both receive the step's batch as optax's extra
+        argument ``batch`` (a ``GradientTransformationExtraArgs`` reads it: FedReg's projection on its pseudo
+        data; plain transformations ignore it).
       grad_fn: turns the plain ``GradFn`` into another (FedSAM's sharpness-aware gradient).
       batch: ``(batch, step, key) -> batch``, the batch source: changes or extends each batch before the step.
       step_output: ``(record: StepRecord) -> pytree`` kept for every step and returned stacked (memory: one
@@ -306,7 +308,7 @@ def train_locally(
         if hooks.batch is not None:
             batch = hooks.batch(batch, s, key_s)
         (loss, new_model_state), grads = grad_fn(params, model_state, batch, key_s)
-        updates, new_opt_state = full_optimizer.update(grads, opt_state, params)
+        updates, new_opt_state = full_optimizer.update(grads, opt_state, params, batch=batch)
         new_params = optax.apply_updates(params, updates)
         active = s < num_steps
         record = StepRecord(s, params, batch, loss, grads, active, updates)

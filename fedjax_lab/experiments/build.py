@@ -44,9 +44,15 @@ def default_lowering(backend: str) -> str:
     return "banded" if backend == "cpu" else "xla"
 
 
+def extra_outputs(algorithm, num_classes: int) -> int:
+    """Outputs the methods add to the model beyond the dataset's classes (VHL's virtual classes): the sum of
+    their configs' ``extra_outputs(num_classes)``."""
+    return sum(m.extra_outputs(num_classes) for m in (algorithm, *algorithm.plugins) if hasattr(m, "extra_outputs"))
+
+
 def build_module(config: Config, dataset: FederatedDataset) -> nn.Module:
     """The Flax module named by ``config.model``, sized for the dataset."""
-    m, k = config.model, dataset.num_classes
+    m, k = config.model, dataset.num_classes + extra_outputs(config.algorithm, dataset.num_classes)
     lowering = default_lowering(jax.default_backend()) if m.lowering == "auto" else m.lowering
     if m.name == "char_rnn":
         return models.CharRNN(k, m.embed_dim, m.rnn_hidden)

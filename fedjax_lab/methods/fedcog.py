@@ -33,16 +33,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lab.engine.components import ClientView, Component
+from fedjax_lab.engine.components import ClientView, Component, client_class_counts
 from fedjax_lab.engine.types import Params
 from fedjax_lab.models.divergences import js_divergence, softened_kl
-
-
-def class_counts(view: ClientView, num_classes: int) -> jax.Array:
-    """``d``: the client's number of training rows of each class."""
-    rows = jnp.arange(view.client.example_ids.shape[0]) < view.client.num_examples
-    labels = view.arrays["y"][view.client.example_ids]
-    return jnp.zeros((num_classes,), jnp.int32).at[labels].add(rows.astype(jnp.int32))
 
 
 def label_counts(counts: jax.Array, num_samples: int, mode: str = "complement") -> jax.Array:
@@ -139,13 +132,13 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
         return module.apply(variables, x)
 
     def prepare(view: ClientView) -> Prepared:
-        d = class_counts(view, num_classes)
+        d = client_class_counts(view, num_classes)
         n, n_gen = jnp.sum(d).astype(jnp.float32), jnp.sum(jnp.max(d) - d).astype(jnp.float32)
         if kd_weighting == "fixed":
             w_ce, w_kd = jnp.float32(1.0), jnp.asarray(lambda_kd, jnp.float32)
         else:  # App. A.2.2: the real and the missing rows' shares of a balanced client
             w_ce, w_kd = n / jnp.maximum(n + n_gen, 1.0), n_gen / jnp.maximum(n + n_gen, 1.0)
-        shape = model_input_shape(classifier)
+        shape = classifier.model_input_shape()
         targets = target_labels(label_counts(d, num_samples, labels), num_samples)
         active = view.server >= start_round
 
@@ -180,12 +173,6 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
     return Component("fedcog", **keep_previous, prepare=prepare, batch=batch, loss_term=loss_term,
                      server_init=lambda variables: jnp.int32(0),
                      after_step=lambda view, variables: (view.state + 1, variables, {}))
-
-
-def model_input_shape(classifier) -> tuple[int, ...]:
-    """The shape of one example as the model sees it (after the input pipeline), where the inputs are generated."""
-    dummy = jnp.zeros((1, *classifier.input_shape), classifier.input_dtype)
-    return tuple(jax.eval_shape(classifier.preprocess, dummy).shape[1:])
 
 
 def build(config, context) -> tuple[Component, ...]:

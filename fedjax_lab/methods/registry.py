@@ -169,7 +169,11 @@ def plugin_config(spec: MethodSpec) -> type[BaseModel]:
     if not issubclass(spec.config, AlgorithmFields):
         return spec.config
     fields = {n: (f.annotation, f) for n, f in own_fields(spec.config).items()}
-    return create_model(f"{spec.config.__name__}Plugin", __base__=Fields, **fields)
+    plugin = create_model(f"{spec.config.__name__}Plugin", __base__=Fields, **fields)
+    for name, value in vars(spec.config).items():  # the config's own methods (VHL's extra_outputs)
+        if callable(value) and not name.startswith("_") and name not in spec.config.model_fields:
+            setattr(plugin, name, value)
+    return plugin
 
 
 def method_name(name: str):
@@ -415,6 +419,64 @@ class FedCOGConfig(AlgorithmFields):
     lambda_kd: float = Field(0.01, ge=0, description="weight of the distillation term under kd_weighting: fixed")
     temperature: PositiveFloat = Field(1.0, description="T of the distillation (its code: 1)")
     batch_size: PositiveInt = Field(64, description="generated inputs beside each real batch")
+
+
+@register(builder="fedjax_lab.methods.vhl:build", plugin=True)
+class VHLConfig(AlgorithmFields):
+    """VHL (Tang et al. 2022; FedCOG's baseline): clients also fit a fixed virtual dataset of noise images shared by
+    all, and align their classes' features with the virtual classes'."""
+
+    name: Literal["vhl"] = method_name("vhl")
+    alpha: float = Field(1.0, ge=0, description="weight of the virtual data's cross-entropy (its code's script: 1)")
+    align_weight: float = Field(1.0, ge=0, description="weight of the supervised-contrastive alignment of natural "
+                                                       "features with the (detached) virtual ones")
+    virtual_weight: float = Field(0.1, ge=0, description="weight of the contrastive term among the virtual features")
+    temperature: PositiveFloat = Field(0.07, description="SupCon's temperature")
+    virtual_classes: PositiveInt | None = Field(None, description="V, classes of the virtual dataset (default: the "
+                                                                  "dataset's number of classes)")
+    per_class: PositiveInt = Field(200, description="virtual images per class (its code's generate.sh: 200)")
+    batch_size: PositiveInt | None = Field(None, description="virtual images beside each real batch (default: "
+                                                             "client.batch_size, as its code's equal 128s)")
+    labels: Literal["extra", "shared"] = Field("extra", description="extra: virtual class c is label K + c of a "
+                                                                    "head widened to K + V outputs (its code); "
+                                                                    "shared: label c of the K-way head")
+
+    def extra_outputs(self, num_classes: int) -> int:
+        """The model's outputs beyond the dataset's classes: V under ``labels: extra``."""
+        return (self.virtual_classes or num_classes) if self.labels == "extra" else 0
+
+
+@register(builder="fedjax_lab.methods.fedreg:build", plugin=True)
+class FedRegConfig(AlgorithmFields):
+    """FedReg (Xu et al. 2022; FedCOG's baseline): slow local updates, and the displacement projected off the
+    directions that raise the loss on the global model's pseudo data and on perturbed data."""
+
+    name: Literal["fedreg"] = method_name("fedreg")
+    gamma: float = Field(0.5, gt=0, le=1, description="slow update: the gradient is taken at gamma w + (1 - gamma) "
+                                                      "x_t (1: at w)")
+    p_iters: int = Field(10, ge=0, description="signed-gradient ascent steps that make the pseudo and perturbed data")
+    ps_eta: float = Field(0.1, ge=0, description="step of the pseudo data (model-input units; its CIFAR-10 config)")
+    pt_eta: float = Field(0.001, ge=0, description="step of the perturbed data (its CIFAR-10 config; FedCOG: 1e-3)")
+
+
+@register(builder="fedjax_lab.methods.fedgen:build", plugin=True)
+class FedGenConfig(AlgorithmFields):
+    """FedGen (Zhu, Hong and Zhou 2021; FedCOG's baseline): the server learns a label-conditional generator of
+    features from the clients' heads; clients regularise on its features."""
+
+    name: Literal["fedgen"] = method_name("fedgen")
+    alpha: float = Field(10.0, ge=0, description="weight of the teacher term on generated features (its code: 10), "
+                                                 "decayed by 0.98 a round to at least 1e-4")
+    beta: float = Field(10.0, ge=0, description="weight of the latent distillation term (its code, MNIST: 10), "
+                                                "decayed likewise")
+    noise_dim: PositiveInt = Field(32, description="the generator's noise (its code: 32 MNIST, 64 CIFAR)")
+    hidden: PositiveInt = Field(256, description="the generator's hidden width (its code: 256 MNIST, 512 CIFAR)")
+    generator_steps: int = Field(50, ge=0, description="the server's Adam steps on the generator a round")
+    generator_learning_rate: PositiveFloat = Field(3e-4, description="its code: 3e-4 MNIST, 1e-4 otherwise; "
+                                                                     "x0.98 a round")
+    generator_batch_size: PositiveInt = Field(32, description="labels per generator step (its code: 32)")
+    teacher_batch_size: PositiveInt = Field(32, description="generated features per client step (its code: 32)")
+    diversity_weight: float = Field(1.0, ge=0, description="weight of the generator's diversity loss")
 
 
 # ----------------------------------------------------------------------------------------------- plug-ins

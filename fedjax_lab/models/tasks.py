@@ -128,6 +128,24 @@ class Classifier:
             out, state = self.module.apply(variables, x, train=True, mask=mask, mutable=state_names, method=method)
         return ((*out, x) if with_features else out), state
 
+    def model_input_shape(self) -> tuple[int, ...]:
+        """The shape of one example as the model sees it, after :attr:`preprocess` (where FedCOG generates
+        inputs and VHL's virtual images live)."""
+        dummy = jnp.zeros((1, *self.input_shape), self.input_dtype)
+        return tuple(jax.eval_shape(self.preprocess, dummy).shape[1:])
+
+    def apply_inputs(self, variables: Params, model_inputs: jax.Array, train: bool = False):
+        """``(outputs, features)`` of already preprocessed inputs; in training mode normalisation layers use the
+        batch's statistics and their updated averages are dropped (a pass that is not the training batch's:
+        VHL's virtual data, FedReg's pseudo data)."""
+        state_names = [name for name in variables if name != "params"]
+        if not train or not state_names:
+            return self.module.apply(variables, model_inputs, method=_outputs_and_features)
+        mask = jnp.ones(model_inputs.shape[:1], jnp.float32)
+        out, _ = self.module.apply(variables, model_inputs, True, mask, mutable=state_names,
+                                   method=_outputs_and_features)
+        return out
+
     def features(self, variables: Params, model_inputs: jax.Array) -> jax.Array:
         """The representation (evaluation mode) of already preprocessed inputs."""
         return self.module.apply(variables, model_inputs, method="features")
