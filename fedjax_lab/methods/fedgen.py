@@ -1,17 +1,19 @@
 """FedGen: the server learns a label-conditional generator of features from the clients' heads; clients regularise
 their heads and bodies on its features.
 
-Server, after its optimiser step (Alg. 1, Eq. 7 as its code computes it): ``generator_steps`` Adam steps on the
-generator ``G(eps, y) -> z``, with the cohort's trained heads ``h_k = head(x_t + Delta_k)`` frozen:
+Server, after its optimiser step (Alg. 1; the generator objective as its code computes it, where the paper takes
+the CE of the heads' averaged logits and ``y`` from a label prior): ``generator_steps`` Adam steps on the generator
+``G(eps, y) -> z``, with the cohort's trained heads ``h_k = head(x_t + Delta_k)`` frozen:
 
 ``L_G = sum_k mean_i w_{k,y_i} CE(h_k(z_i), y_i) + diversity_weight * exp(-mean_{i,j} D_eps[i,j] D_z[i,j])``
 
 with ``y_i`` uniform over the labels some client of the cohort holds, ``w_{k,c} = n_{k,c} / sum_k' n_{k',c}``,
 ``D_z`` the mean absolute and ``D_eps`` the mean squared distance between rows. Client, from the second round on
-(the code's objective; the paper's Eq. 9 has only the teacher term): on a real batch ``(x, y)`` of size ``B``,
+(the code's objective; the paper's local objective has only the teacher term): on a real batch ``(x, y)`` of
+size ``B``,
 
-``L = CE(f(x), y) + beta_t KL(sg(softmax(h(G(eps, y)))) || softmax(f(x))) + alpha_t (T / B) mean CE(h(sg(G(eps,
-yhat))), yhat)``
+``L = CE(f(x), y) + beta_t KL(sg(softmax(h(G(eps, y)))) || softmax(f(x)))``
+``    + alpha_t (T / B) mean CE(h(sg(G(eps', yhat))), yhat)``
 
 with ``T = teacher_batch_size`` labels ``yhat`` uniform over all classes, ``G`` frozen in evaluation mode,
 ``alpha_t = max(min(alpha, 1e-4), alpha 0.98^t)`` (likewise ``beta_t``; the code's floor is 1e-4, here no floor
@@ -34,7 +36,7 @@ Decisions (read from ``zhuangdizhu/FedGen``; ``docs/notes/fedcog_baselines_spec.
 
 References:
   Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning", ICML 2021,
-  Eq. 7, 9 and Alg. 1; its code ``FLAlgorithms/{servers/serverpFedGen,users/userpFedGen,trainmodel/generator}.py``.
+  Sec. 3 and Alg. 1 (equation numbers unchecked here); its code ``FLAlgorithms/{servers/serverpFedGen,users/userpFedGen,trainmodel/generator}.py``.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def train_generator(generator: Generator, state: FedGenState, heads: Callable[[j
                     counts: jax.Array, present: jax.Array, key: jax.Array, steps: int,
                     learning_rate: float | jax.Array, batch_size: int, noise_dim: int,
                     diversity_weight: float | jax.Array = 1.0) -> tuple[FedGenState, Metrics]:
-    """``steps`` Adam steps on ``L_G = L_teacher + diversity_weight L_div`` (the module docstring; Eq. 7), ``G`` in
+    """``steps`` Adam steps on ``L_G = L_teacher + diversity_weight L_div`` (the module docstring), ``G`` in
     training mode; ``heads(z) -> [M, B, K]`` are the frozen client heads. Skipped when no label qualifies. Metrics:
     both terms before and after, on the first step's noise and labels."""
     weights, qualified = label_weights(counts, present)

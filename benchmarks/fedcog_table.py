@@ -1,0 +1,208 @@
+"""FedCOG's Table 1 (every method) and Table 3 (X and X + FedCOG for five bases), at CPU scale.
+
+The federation is the paper's (``configs/fedcog/cpu_<dataset>.yaml``: 10 clients all taking part, the simple-CNN,
+SGD lr 0.01 with momentum 0.9 and weight decay 1e-5, crop + flip) with 50 local iterations instead of 400 and
+30 rounds instead of 70; FedCOG runs FedAvg for 20 rounds, then FedAvg + FedCOG for 10 (the paper: 50 + 20),
+generating N = 128 inputs in 50 steps (the paper: 256 in 100). NIID-1 is Dirichlet(0.1), NIID-2 the code's
+deterministic class blocks (2 classes a client; 10 on CIFAR-100). Each baseline has the hyper-parameters the
+paper (or, where it gives none, its code) sets: ``METHODS`` below.
+
+Table 3 at this scale: 20 rounds of X, then one more round of X (x) or of X + FedCOG (v).
+
+A cell is the final round's test accuracy, mean ± std over the seeds (the paper does not say whether it reports
+the final or the best round). Runs go to ``runs/fedcog/<dataset>/<niid>/<method>/seed<k>`` and
+``runs/fedcog/<dataset>/<niid>/table3/<base>{,_fedcog}/seed<k>``; finished runs are reused, and several copies of
+the script share the work (a claim file per run). Writes ``docs/reproductions/fedcog_tables.md``.
+
+Usage::
+
+    python benchmarks/fedcog_table.py                                       # Fashion-MNIST, NIID-1 and NIID-2
+    python benchmarks/fedcog_table.py --part table3 --datasets cifar10      # Table 3's rows
+    python benchmarks/fedcog_table.py --report                              # the report from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments.run_directory import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+START = 20  # FedCOG's start round at this scale (the paper: 50)
+NIID = {"niid1": [], "niid2": ["dataset.partition={name: class_blocks, num_clients: 10, classes: 2}"]}
+NIID2_CIFAR100 = ["dataset.partition={name: class_blocks, num_clients: 10, classes: 10}"]
+# method -> (label, algorithm) with the paper's hyper-parameters (Sec. 6.1, App. A.4; its code where it gives none)
+METHODS = {
+    "fedavg": ("FedAvg", "{name: fedavg}"),
+    "fedavgm": ("FedAvgM", "{name: fedavgm, server_optimizer: momentum_fedcog, server_momentum: 0.1}"),
+    "fedprox": ("FedProx", "{name: fedprox, mu: 0.01}"),
+    "scaffold": ("SCAFFOLD", "{name: scaffold}"),
+    "moon": ("MOON", "{name: moon, mu: 0.01, temperature: 0.5}"),
+    "fedsam": ("FedSAM", "{name: fedsam, rho: 0.5}"),
+    "vhl": ("VHL", "{name: vhl}"),
+    "fedexp": ("FedExP", "{name: fedexp, epsilon: 0.001}"),
+    "feddecorr": ("FedDecorr", "{name: feddecorr, beta: 0.01}"),
+    "fedreg": ("FedReg", "{name: fedreg, gamma: 0.5, p_iters: 10, pt_eta: 0.001}"),
+    "fedgen": ("FedGen", "{name: fedgen}"),
+    "fedcog": ("**FedCOG**", None),  # the config's own: FedAvg, then FedAvg + FedCOG from round 20
+}
+BASES = ["fedavg", "fedavgm", "fedprox", "scaffold", "moon"]
+PAPER_T1 = {  # Table 1: method -> (FMNIST NIID-1, NIID-2, CIFAR-10 NIID-1, NIID-2, CIFAR-100 NIID-1, NIID-2)
+    "fedavg": ("73.07±0.08", "64.11±0.78", "64.36±0.11", "50.55±0.45", "39.07±0.36", "30.93±0.23"),
+    "fedavgm": ("76.81±0.48", "67.73±0.65", "64.36±0.33", "51.32±0.74", "39.21±0.19", "30.97±0.11"),
+    "fedprox": ("73.35±0.07", "64.44±1.36", "63.91±0.36", "53.51±0.32", "38.81±0.03", "30.76±0.21"),
+    "scaffold": ("77.02±0.63", "58.47±3.05", "64.36±0.43", "48.35±1.86", "42.25±0.40", "34.27±0.22"),
+    "moon": ("73.21±0.28", "63.11±1.08", "63.65±0.04", "51.01±1.54", "39.34±0.18", "31.17±0.13"),
+    "fedsam": ("76.44±0.06", "68.14±0.60", "61.38±0.23", "50.76±0.36", "37.97±0.26", "30.75±0.11"),
+    "vhl": ("73.08±0.89", "70.26±1.79", "60.81±1.33", "51.60±0.98", "37.55±1.06", "28.41±0.48"),
+    "fedexp": ("65.03±1.14", "59.49±1.69", "48.96±2.11", "37.97±1.75", "35.14±1.25", "22.47±0.29"),
+    "feddecorr": ("72.77±0.70", "60.70±4.59", "63.40±0.29", "47.53±1.99", "37.68±0.40", "27.08±0.29"),
+    "fedreg": ("70.75±0.23", "69.89±0.74", "55.40±0.33", "46.64±0.42", "30.95±0.39", "23.70±0.31"),
+    "fedgen": ("72.64±1.27", "61.34±2.44", "62.45±0.40", "49.12±0.51", "37.99±0.23", "26.93±0.15"),
+    "fedcog": ("77.34±0.07", "73.68±0.38", "64.83±0.12", "54.00±0.84", "42.88±0.02", "34.80±0.42"),
+}
+DATASET_COLUMN = {"fashion_mnist": 0, "cifar10": 2, "cifar100": 4}
+PAPER_T3 = {  # Table 3, CIFAR-10: niid -> base -> (x, v)
+    "niid1": {"fedavg": (63.34, 64.47), "fedavgm": (61.71, 64.63), "fedprox": (64.15, 64.87),
+              "scaffold": (63.67, 65.36), "moon": (62.56, 63.24)},
+    "niid2": {"fedavg": (49.30, 49.50), "fedavgm": (44.73, 45.14), "fedprox": (50.35, 50.89),
+              "scaffold": (46.47, 51.26), "moon": (49.64, 50.72)},
+}
+
+
+def partition(dataset: str, niid: str) -> list[str]:
+    return NIID2_CIFAR100 if dataset == "cifar100" and niid == "niid2" else NIID[niid]
+
+
+def table1_jobs(datasets, niids, seeds, methods):
+    for seed in seeds:
+        for dataset in datasets:
+            for niid in niids:
+                for method in methods:
+                    algorithm = METHODS[method][1]
+                    overrides = [*partition(dataset, niid), f"seed={seed}"]
+                    if algorithm is not None:
+                        overrides.append(f"algorithm={algorithm}")
+                    if method == "fedgen" and dataset != "fashion_mnist":  # its code's CIFAR generator
+                        overrides += ["algorithm.noise_dim=64", "algorithm.hidden=512",
+                                      "algorithm.generator_learning_rate=0.0001"]
+                    yield f"{dataset}/{niid}/{method}/seed{seed}", dataset, overrides
+
+
+def table3_jobs(datasets, niids, seeds):
+    for seed in seeds:
+        for dataset in datasets:
+            for niid in niids:
+                for base in BASES:
+                    algorithm = METHODS[base][1][:-1]  # '{name: ...' without its closing brace
+                    common = [*partition(dataset, niid), f"seed={seed}", f"rounds.num_rounds={START + 1}",
+                              f"eval.every={START + 1}"]
+                    yield f"{dataset}/{niid}/table3/{base}/seed{seed}", dataset, common + [f"algorithm={algorithm}}}"]
+                    yield (f"{dataset}/{niid}/table3/{base}_fedcog/seed{seed}", dataset,
+                           common + [f"algorithm={algorithm}, plugins: [{{name: fedcog, start_round: {START}, "
+                                     "num_samples: 128, steps: 50}]}"])
+
+
+def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
+    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
+    run_dir = runs / name
+    if (run_dir / "summary.json").is_file():
+        return
+    claim = runs / ".claims" / name.replace("/", "__")
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        claim.open("x").close()
+    except FileExistsError:
+        return
+    start = time.perf_counter()
+    config = load_config(REPO / "configs" / "fedcog" / f"cpu_{dataset}.yaml", overrides)
+    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+    claim.unlink()
+    print(f"{name:<52} test acc {summary['final']['test_accuracy']:.4f} ({time.perf_counter() - start:.0f} s)",
+          flush=True)
+
+
+def final_accuracy(run_dir: Path) -> float | None:
+    """The last evaluation's test accuracy in %, ``None`` for an unfinished run."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    return 100 * [r["test_accuracy"] for r in read_metrics(run_dir) if "test_accuracy" in r][-1]
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{np.mean(values):.1f}±{np.std(values):.1f}" + ("" if len(values) > 1 else " (1 seed)")
+
+
+def accuracies(runs: Path, name: str, seeds) -> list[float]:
+    return [a for a in (final_accuracy(runs / f"{name}/seed{s}") for s in seeds) if a is not None]
+
+
+def report(runs: Path, datasets, seeds, out: Path) -> None:
+    """Table 1 and Table 3 beside the paper's rows, from the runs that have finished."""
+    lines = ["# FedCOG at CPU scale (generated by `benchmarks/fedcog_table.py`)", "",
+             "10 clients all taking part, simple-CNN, SGD 0.01 / momentum 0.9 / wd 1e-5, crop + flip; 50 local "
+             "iterations (the paper: 400) and 30 rounds (the paper: 70); FedCOG = 20 FedAvg rounds then 10 FedAvg + "
+             "FedCOG rounds (the paper: 50 + 20) with N = 128, S = 50 (the paper: 256, 100). A cell: paper | ours, "
+             "the final round's test accuracy, mean ± std over seeds " + ", ".join(map(str, seeds)) +
+             "; '-' is not run.", ""]
+    for dataset in datasets:
+        column = DATASET_COLUMN[dataset]
+        lines += [f"## Table 1, {dataset}", "", "| method | NIID-1 paper | NIID-1 ours | NIID-2 paper | NIID-2 ours |",
+                  "|---|---|---|---|---|"]
+        for method, (label, _) in METHODS.items():
+            row = [f"{PAPER_T1[method][column + k]} | {cell(accuracies(runs, f'{dataset}/{niid}/{method}', seeds))}"
+                   for k, niid in enumerate(NIID)]
+            lines.append(f"| {label} | " + " | ".join(row) + " |")
+        lines.append("")
+        if any((runs / dataset).glob("*/table3/*/*/summary.json")):
+            lines += [f"## Table 3, {dataset}: {START} rounds of X, then one round of X (x) or X + FedCOG (v)", "",
+                      "| setting | " + " | ".join(f"{METHODS[b][0]} x | {METHODS[b][0]} v" for b in BASES) + " |",
+                      "|---|" + "---|---|" * len(BASES)]
+            for niid in NIID:
+                if dataset == "cifar10":
+                    lines.append(f"| paper {niid.upper()} | " + " | ".join(
+                        f"{PAPER_T3[niid][b][0]:.2f} | {PAPER_T3[niid][b][1]:.2f}" for b in BASES) + " |")
+                ours = []
+                for b in BASES:
+                    plain = accuracies(runs, f"{dataset}/{niid}/table3/{b}", seeds)
+                    plugged = accuracies(runs, f"{dataset}/{niid}/table3/{b}_fedcog", seeds)
+                    ours.append(f"{cell(plain)} | {cell(plugged)}")
+                lines.append(f"| ours {niid.upper()} | " + " | ".join(ours) + " |")
+            lines.append("")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(DATASET_COLUMN))
+    parser.add_argument("--niids", nargs="+", default=list(NIID), choices=list(NIID))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--part", nargs="+", default=["table1"], choices=["table1", "table3"])
+    parser.add_argument("--runs", default=str(REPO / "runs" / "fedcog"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedcog_tables.md"))
+    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
+    args = parser.parse_args()
+    runs = Path(args.runs)
+    if not args.report:
+        jobs = []
+        if "table1" in args.part:
+            jobs += list(table1_jobs(args.datasets, args.niids, args.seeds, args.methods))
+        if "table3" in args.part:
+            jobs += list(table3_jobs(args.datasets, args.niids, args.seeds))
+        for job in reversed(jobs) if args.reverse else jobs:
+            run(runs, *job)
+    report(runs, args.datasets, args.seeds, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
