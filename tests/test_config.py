@@ -20,7 +20,7 @@ def _with(section, **fields):
     (_with("client", learning_rate=float("inf")), "client.learning_rate: must be a finite number, got inf"),
     (_with("rounds", num_rounds=True), "rounds.num_rounds: expected a number or a name, got the boolean True"),
     (_with("algorithm", name="fedprox", temperature=0.5),
-     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of moon, feddf, fedcog); fedprox's fields:"),
+     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of moon, feddf, fedcog, vhl); fedprox's fields:"),
     (_with("algorithm", name="fedprox", mu=0.1, plugins=[{"name": "moon", "rho": 0.1}]),
      ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedsam); moon's fields: mu, name, "
       "temperature")),
