@@ -104,7 +104,8 @@ class Component(NamedTuple):
       step_output: ``(view, StepRecord) -> pytree``, stacked over the steps into ``LocalStats.step_outputs``
         (a dict keyed by component name).
       running: ``view -> (init, fold)``, a value carried through the steps (``LocalHooks.running``); its final
-        value is ``LocalStats.running[name]``.
+        value is ``LocalStats.running[name]``, and each step's batch holds its value before the step as
+        ``batch['running'][name]``.
       finish: ``(view, LocalResult) -> (message_part, new_state)``; a message part of ``None`` sends nothing.
       send: ``(view, LocalResult) -> (delta, message_part)``: what the client sends as ``messages['delta']`` in
         place of its model delta (BHerd's herded sum of steps), and this component's message part (``None``:

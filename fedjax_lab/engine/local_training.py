@@ -163,7 +163,9 @@ class LocalHooks(NamedTuple):
         output per step; BHerd's stacked updates are ``max_steps x |params|``).
       running: ``(init, fold)``: a value carried through the steps, ``init() -> carry`` and
         ``fold(carry, record) -> carry`` at each real step (an online statistic in O(1) steps of memory, as
-        GraB's balancing); its final value is :attr:`LocalStats.running`.
+        GraB's balancing); its final value is :attr:`LocalStats.running`. Each step's batch holds the carry
+        before the step under ``'running'``, for the batch hooks and loss terms (FedImpro samples features from
+        the client's running statistics).
       unit_step: measure :attr:`LocalStats.unit_step` (a scalar shadow of the optimiser, stepped with the model).
     """
 
@@ -305,6 +307,8 @@ def train_locally(
         slots, mask = batch_slots(schedule, permutations, s, client.num_examples)
         batch = gather_batch(arrays, client.example_ids[slots], mask)
         key_s = jax.random.fold_in(step_key, s)
+        if hooks.running is not None:  # the loss terms and batch hooks see the carry before this step
+            batch = {**batch, "running": running}
         if hooks.batch is not None:
             batch = hooks.batch(batch, s, key_s)
         (loss, new_model_state), grads = grad_fn(params, model_state, batch, key_s)
