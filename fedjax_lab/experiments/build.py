@@ -27,9 +27,11 @@ from fedjax_lab.engine import (
     randomness,
 )
 from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
+from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator, lower_mask
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.simulation import message_shapes
+from fedjax_lab.engine.variables import split_variables
 from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
@@ -228,6 +230,7 @@ class Experiment:
     algorithm_at: Any = None
     train_evaluator: Evaluator | None = None
     local_evaluator: LocalEvaluator | None = None
+    dissimilarity_evaluator: DissimilarityEvaluator | None = None
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -241,6 +244,8 @@ class Experiment:
         metrics = self.evaluate_params(self.algorithm.model_params(state.server_state))
         if self.local_evaluator is not None:
             metrics.update(self.local_evaluator(state, self.inputs))
+        if self.dissimilarity_evaluator is not None:
+            metrics.update(self.dissimilarity_evaluator(state, self.inputs))
         return metrics
 
     def evaluate_params(self, params) -> dict[str, float]:
@@ -249,6 +254,43 @@ class Experiment:
         if self.train_evaluator is not None:
             metrics.update(self.train_evaluator(params))
         return metrics
+
+
+def measured_split(config: Config, module) -> str:
+    """The stage ending the model's lower part for the dissimilarity measurement: ``eval.split``, else
+    FedImpro's split when FedImpro is on, else the middle stage."""
+    from fedjax_lab.methods.fedimpro import default_split
+
+    fedimpro = [m for m in (config.algorithm, *config.algorithm.plugins) if m.name == "fedimpro"]
+    split = config.eval.split or (fedimpro[0].split if fedimpro else None) or default_split(module)
+    if split not in getattr(module, "stages", ()):
+        raise ConfigError(f"eval.split must be a stage of model {config.model.name}: "
+                          f"{list(getattr(module, 'stages', ()))}, got {split!r}")
+    return split
+
+
+def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: FederatedDataset,
+                        chunk_size: int | None) -> DissimilarityEvaluator:
+    """The gradient-dissimilarity measurement of ``eval.dissimilarity`` (``engine/dissimilarity.py``): the run's
+    method with one SGD step at rate 1 on ``eval.dissimilarity_examples`` rows as its local training."""
+    if config.asynchrony is not None:
+        raise ConfigError("eval.dissimilarity measures synchronous rounds; set asynchrony: null")
+    client = config.client.model_copy(update={"optimizer": "sgd", "learning_rate": 1.0, "momentum": 0.0,
+                                              "weight_decay": 0.0, "local_steps": 1, "local_epochs": None,
+                                              "batch_size": config.eval.dissimilarity_examples})
+    probe = config.model_copy(update={"client": client})
+    split = measured_split(config, classifier.module)
+    variables = jax.eval_shape(classifier.init, jax.random.key(0))
+    mask = lower_mask(classifier.module, split_variables(variables)[0], classifier.model_input_shape(), split)
+    ids = np.arange(min(config.eval.dissimilarity, dataset.num_clients))
+    fixed = {"client.learning_rate": 1.0, "client.momentum": 0.0, "client.weight_decay": 0.0}
+
+    def probe_at(inputs: RoundInputs, round_index) -> Algorithm:
+        values = hyperparams.values_at(config, inputs.hparams, round_index)
+        values.update({k: v for k, v in fixed.items() if k in values})  # not the run's (scheduled) client values
+        return build_algorithm(hyperparams.with_values(probe, values), classifier, dataset, inputs.key, probe)
+
+    return DissimilarityEvaluator(probe_at, mask, ids, chunk_size)
 
 
 def build_experiment(config: Config) -> Experiment:
@@ -296,6 +338,9 @@ def build_experiment(config: Config) -> Experiment:
         local_evaluator = LocalEvaluator(algorithm_at, classifier.example_metrics, dataset.test, dataset.num_classes,
                                          ids, class_counts(dataset.train["y"], rows, dataset.num_classes),
                                          config.eval.batch_size, chunk_size)
+    dissimilarity_evaluator = None
+    if config.eval.dissimilarity:
+        dissimilarity_evaluator = build_dissimilarity(config, classifier, dataset, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
     if plan.asynchronous:
         shapes = message_shapes(algorithm, jax.eval_shape(classifier.init, jax.random.key(0)), inputs)
@@ -304,4 +349,5 @@ def build_experiment(config: Config) -> Experiment:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator)
+                      make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator,
+                      dissimilarity_evaluator)

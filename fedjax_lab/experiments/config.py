@@ -244,6 +244,14 @@ class EvalConfig(Section):
                                                    "(not aggregated) and report their local models' test accuracy, "
                                                    "that reweighted by each client's class mix, and their distance "
                                                    "to their aggregate (FedCOG's Table 9, Fig. 2); 0: off")
+    dissimilarity: int = Field(0, ge=0, description="also measure the gradient dissimilarity of the first n clients "
+                                                    "at the global model, split into the model's lower and upper "
+                                                    "parts (FedImpro's Theorem 4.2); 0: off")
+    dissimilarity_examples: PositiveInt = Field(256, description="rows of each client the gradients are taken on")
+    split: str | None = Field(None, description="the model stage that ends the lower part (default: fedimpro's "
+                                                "split, else the middle stage)")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="the summary reports the first evaluated "
+                                                                       "round reaching it (FedImpro's Table 2)")
 
 
 class CheckpointConfig(Section):

@@ -174,6 +174,13 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
     return state, diverged
 
 
+def rounds_to_target(evaluated: list[dict[str, Any]], target: float | None) -> int | None:
+    """The first evaluated round whose test accuracy reaches ``target`` (``None``: no target, or never)."""
+    if target is None:
+        return None
+    return next((row["round"] for row in evaluated if row["test_accuracy"] >= target), None)
+
+
 def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> dict[str, Any]:
     rows = directory.read_metrics()
     evaluated = [row for row in rows if "test_accuracy" in row]
@@ -187,6 +194,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experi
         "final": evaluated[-1],
         "best_test_accuracy": best["test_accuracy"],
         "best_round": best["round"],
+        "rounds_to_target": rounds_to_target(healthy, experiment.config.eval.target_accuracy),
         "rounds_per_second": rounds / seconds if seconds else None,
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
