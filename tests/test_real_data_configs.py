@@ -253,3 +253,22 @@ def test_fedcog_paper_scale_configs_build_and_shape_check(name):
     per_client = 10 if name == "paper_cifar100" else 2
     for k in range(10):
         assert len(np.unique(data.train["y"][data.client_train_ids[k, :data.client_train_counts[k]]])) == per_client
+
+
+@pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
+@pytest.mark.parametrize("name", ["paper_cifar10", "cpu_fashion_mnist"])
+def test_fedimpro_configs_build_and_shape_check(name):
+    """Table 1's setting (ResNet-18 split after layer2, 10 clients, 5 a round) compiles to the right shapes: the
+    shared statistics are [classes, features at the split]; the baselines build from the same config."""
+    import jax
+
+    from fedjax_lab.experiments import load_config
+
+    experiment = build_experiment(load_config(f"configs/fedimpro/{name}.yaml"))
+    state = jax.eval_shape(experiment.initial_state)
+    out, _ = jax.eval_shape(lambda s: experiment.run_rounds(s, experiment.inputs, num_rounds=1), state)
+    stats = out.server_state.components["fedimpro"].stats
+    features = 16 * 4 * 4 if name == "cpu_fashion_mnist" else 128 * 16 * 16
+    assert stats.mean.shape == (experiment.dataset.num_classes, features)
+    for baseline in ("{name: scaffold}", "{name: fednova}"):
+        build_experiment(load_config(f"configs/fedimpro/{name}.yaml", [f"algorithm={baseline}"]))
