@@ -40,9 +40,17 @@ def _fedcog_checks(tmp_path, namespace):
     assert (tmp_path / "runs" / "notebook_fedcog" / "fedcog_vs_base.png").exists()
 
 
+def _fedimpro_checks(tmp_path, namespace):
+    curves = namespace["curves"]
+    assert len(curves) == 2 and all(len(c["round"]) == 5 for c in curves.values())  # rounds 0..4
+    assert all(v > 0 for c in curves.values() for v in c["gradient_dissimilarity_upper_relative"])
+    assert (tmp_path / "runs" / "notebook_fedimpro" / "fedimpro_vs_fedavg.png").exists()
+
+
 CHECKS = {"quickstart.ipynb": _quickstart_checks, "sweeps.ipynb": _sweeps_checks, "bherd.ipynb": _bherd_checks,
-          "feddle.ipynb": _feddle_checks, "fedcog.ipynb": _fedcog_checks}
-NEEDS_MNIST = {"bherd.ipynb", "feddle.ipynb", "fedcog.ipynb"}
+          "feddle.ipynb": _feddle_checks, "fedcog.ipynb": _fedcog_checks,
+          "fedimpro.ipynb": _fedimpro_checks}
+NEEDS_MNIST = {"bherd.ipynb", "feddle.ipynb", "fedcog.ipynb", "fedimpro.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
