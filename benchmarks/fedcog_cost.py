@@ -77,7 +77,7 @@ def main() -> None:
         labels = target_labels(label_counts(counts, size), size)
         gen = jax.jit(lambda g, p, key, labels=labels: generate(classifier.module.apply, g, p, labels, key,
                                                                  (32, 32, 3), args.steps).inputs)
-        rows[f"generate {size}"] = median_seconds(lambda: gen(global_vars, local_vars, jax.random.key(5)),
+        rows[f"generate {size}"] = median_seconds(lambda gen=gen: gen(global_vars, local_vars, jax.random.key(5)),
                                                   args.repeats)
         print(f"generate N={size}, S={args.steps}: {rows[f'generate {size}']:.2f} s "
               f"({rows[f'generate {size}'] / rows['local']:.2f} x local)", flush=True)

@@ -104,8 +104,8 @@ def table3_jobs(datasets, niids, seeds):
                               f"eval.every={START + 1}"]
                     yield f"{dataset}/{niid}/table3/{base}/seed{seed}", dataset, common + [f"algorithm={algorithm}}}"]
                     yield (f"{dataset}/{niid}/table3/{base}_fedcog/seed{seed}", dataset,
-                           common + [f"algorithm={algorithm}, plugins: [{{name: fedcog, start_round: {START}, "
-                                     "num_samples: 128, steps: 50}]}"])
+                           common + [(f"algorithm={algorithm}, plugins: [{{name: fedcog, start_round: {START}, "
+                                      "num_samples: 128, steps: 50}]}")])
 
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
