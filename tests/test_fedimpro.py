@@ -93,6 +93,6 @@ def test_with_zero_weight_fedimpro_is_fedavg_exactly_and_otherwise_moves_it(imag
         np.testing.assert_array_equal(x, y)
     stats = got.server_state.components["fedimpro"].stats
     assert float(stats.spread.min()) >= 0 and float(metrics["fedimpro_feature_distance"][-1]) > 0
-    moved, _ = _run(image_root, {"name": "scaffold", "plugins": [{"name": "fedimpro", "weight_schedule": "constant"}]})
+    moved, _ = _run(image_root, {"name": "fedimpro", "weight_schedule": "constant"})
     assert max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(moved.server_state.params),
                                                           jax.tree.leaves(expected.server_state.params))) > 1e-5
