@@ -40,5 +40,7 @@ def test_a_run_reports_its_local_models_when_asked(tmp_path):
     summary = run_experiment(validate(raw), tmp_path / "run", progress=False)
     final = summary["final"]
     assert 0 <= final["local_accuracy"] <= 1 and final["local_to_global_distance"] > 0
+    for part in ("lower", "upper"):  # the MLP's hidden layer and its head (FedImpro's Fig. 3)
+        assert 0 < final[f"local_to_global_distance_{part}"] < final["local_to_global_distance"]
     # Skewed clients' local models do better on their own class mix than on the uniform test set.
     assert final["local_personalized_accuracy"] > final["local_accuracy"]

@@ -9,7 +9,9 @@ evaluated on the test set:
   ``sum_c pi_kc correct_kc / sum_c pi_kc total_c`` (FedCOG's personalised accuracy, Table 9; the FedAvg+FT of
   personalised FL);
 * ``local_to_global_distance``: the mean L2 distance of each local model to their size-weighted mean, the model
-  those clients would aggregate to (Fig. 2).
+  those clients would aggregate to (FedCOG's Fig. 2; FedImpro's weight divergence, Fig. 2b), and, for a model
+  split into a lower and an upper part, ``local_to_global_distance_{lower,upper}`` over each part's trainable
+  parameters (FedImpro's Fig. 3).
 
 Nothing is aggregated and the loop state does not change.
 """
@@ -28,6 +30,7 @@ from fedjax_lab.engine.evaluation import ExampleMetricsFn, pad_to_batches, per_e
 from fedjax_lab.engine.simulation import RoundInputs
 from fedjax_lab.engine.tree_math import tree_take
 from fedjax_lab.engine.types import Algorithm, ClientData, LoopState, Params
+from fedjax_lab.engine.variables import split_variables
 
 
 def local_models(algorithm: Algorithm, state: LoopState, inputs: RoundInputs, ids: jax.Array,
@@ -63,11 +66,13 @@ class LocalEvaluator:
       test: ``{'x', 'y'}`` host arrays; ``num_classes`` labels.
       client_ids: the clients evaluated; ``client_class_counts[k]`` their training rows of each class.
       batch_size: test examples per batch; ``chunk_size``: clients trained at once.
+      lower: a tree like the trainable parameters, ``True`` on the lower part's
+        (:func:`~fedjax_lab.engine.dissimilarity.lower_mask`), for the distance of each part; ``None``: none.
     """
 
     def __init__(self, algorithm_at: Callable, example_metrics: ExampleMetricsFn, test: dict[str, np.ndarray],
                  num_classes: int, client_ids: np.ndarray, client_class_counts: np.ndarray, batch_size: int,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, lower: Params | None = None):
         batches = jax.device_put(pad_to_batches(test, batch_size))
         labels = batches["y"].reshape(-1)
         proportions = jnp.asarray(client_class_counts / np.maximum(client_class_counts.sum(1, keepdims=True), 1))
@@ -85,11 +90,17 @@ class LocalEvaluator:
             correct, count = jax.lax.map(by_class, models)
             sizes = inputs.client_num_examples[ids].astype(jnp.float32)
             center = jax.tree.map(lambda m: jnp.tensordot(sizes / jnp.sum(sizes), m, axes=1), models)
-            distance = jnp.sqrt(sum(jnp.sum(jnp.square(m - c[None]).reshape(m.shape[0], -1), 1)
-                                    for m, c in zip(jax.tree.leaves(models), jax.tree.leaves(center))))
-            return {"local_accuracy": jnp.mean(jnp.sum(correct, 1) / jnp.maximum(jnp.sum(count, 1), 1.0)),
-                    "local_personalized_accuracy": jnp.mean(personalized_accuracy(correct, count, proportions)),
-                    "local_to_global_distance": jnp.mean(distance)}
+            squares = jax.tree.map(lambda m, c: jnp.sum(jnp.square(m - c[None]).reshape(m.shape[0], -1), 1),
+                                   models, center)
+            out = {"local_accuracy": jnp.mean(jnp.sum(correct, 1) / jnp.maximum(jnp.sum(count, 1), 1.0)),
+                   "local_personalized_accuracy": jnp.mean(personalized_accuracy(correct, count, proportions)),
+                   "local_to_global_distance": jnp.mean(jnp.sqrt(sum(jax.tree.leaves(squares))))}
+            if lower is not None:
+                trainable = split_variables(squares)[0]
+                for part, keep in (("lower", True), ("upper", False)):
+                    parts = [v for v, k in zip(jax.tree.leaves(trainable), jax.tree.leaves(lower)) if k == keep]
+                    out[f"local_to_global_distance_{part}"] = jnp.mean(jnp.sqrt(sum(parts)))
+            return out
 
         self._evaluate = jax.jit(evaluate)
 

@@ -335,9 +335,14 @@ def build_experiment(config: Config) -> Experiment:
     if config.eval.local_models:
         ids = np.arange(min(config.eval.local_models, dataset.num_clients))
         rows = [dataset.client_train_ids[k, :dataset.client_train_counts[k]] for k in ids]
+        mask = None
+        if getattr(classifier.module, "stages", ()):  # the distance of the lower and upper parts too
+            variables = jax.eval_shape(classifier.init, jax.random.key(0))
+            mask = lower_mask(classifier.module, split_variables(variables)[0], classifier.model_input_shape(),
+                              measured_split(config, classifier.module))
         local_evaluator = LocalEvaluator(algorithm_at, classifier.example_metrics, dataset.test, dataset.num_classes,
                                          ids, class_counts(dataset.train["y"], rows, dataset.num_classes),
-                                         config.eval.batch_size, chunk_size)
+                                         config.eval.batch_size, chunk_size, mask)
     dissimilarity_evaluator = None
     if config.eval.dissimilarity:
         dissimilarity_evaluator = build_dissimilarity(config, classifier, dataset, chunk_size)
