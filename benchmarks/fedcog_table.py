@@ -139,7 +139,9 @@ def final_accuracy(run_dir: Path) -> float | None:
 def cell(values: list[float]) -> str:
     if not values:
         return "-"
-    return f"{np.mean(values):.1f}±{np.std(values):.1f}" + ("" if len(values) > 1 else " (1 seed)")
+    if len(values) == 1:
+        return f"{values[0]:.1f} (1 seed)"
+    return f"{np.mean(values):.1f}±{np.std(values):.1f}"
 
 
 def accuracies(runs: Path, name: str, seeds) -> list[float]:

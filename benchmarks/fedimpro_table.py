@@ -121,7 +121,9 @@ def evaluations(run_dir: Path) -> list[dict] | None:
 def cell(values: list[float], digits: int = 1) -> str:
     if not values:
         return "-"
-    return f"{np.mean(values):.{digits}f}±{np.std(values):.{digits}f}" + ("" if len(values) > 1 else " (1 seed)")
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f} (1 seed)"
+    return f"{np.mean(values):.{digits}f}±{np.std(values):.{digits}f}"
 
 
 def report(runs: Path, datasets, seeds, out: Path) -> None:
