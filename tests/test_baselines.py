@@ -163,10 +163,12 @@ def test_fednova_averages_batchnorm_statistics_and_normalises_only_weights():
 
     deltas = {"params": {"w": jnp.array([[2.0], [6.0]])}, "batch_stats": {"m": jnp.array([[1.0], [3.0]])}}
     a, weights = jnp.array([1.0, 3.0]), jnp.array([1.0, 1.0])
-    view = ServerView((), {"delta": deltas, "fednova": a}, weights, Cohort(jnp.arange(2), jnp.array([5, 5])),
-                      ServerContext(jax.random.key(0), jnp.int32(0), {}), None)
+    messages, cohort = {"delta": deltas, "fednova": a}, Cohort(jnp.arange(2), jnp.array([5, 5]))
+    component = normalised_averaging()
+    sums = {"weight": jnp.sum(weights), "fednova": component.sums(messages, weights, cohort)}
+    view = ServerView((), messages, weights, cohort, ServerContext(jax.random.key(0), jnp.int32(0), {}), None, sums)
     mean = jax.tree.map(lambda d: jnp.mean(d, 0), deltas)
-    out, metrics = normalised_averaging().aggregate(view, mean)
+    out, metrics = component.aggregate(view, mean)
     np.testing.assert_allclose(out["batch_stats"]["m"], [2.0])  # the plain weighted mean of the statistics
     np.testing.assert_allclose(out["params"]["w"], [2.0 * (2.0 / 1.0 + 6.0 / 3.0) / 2])  # tau_eff * mean d_k
     np.testing.assert_allclose(metrics["tau_eff"], 2.0)

@@ -279,7 +279,8 @@ def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
         return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
 
     old_states = tree_take(state.client_states, ids)
-    messages, new_states, client_metrics = map_cohort(client_fn, plan.chunk_size, old_states, clients, keys)
+    messages, new_states, client_metrics = map_cohort(client_fn, plan.chunk_size, old_states, clients, keys,
+                                                      mesh=plan.mesh)
     new_states = jax.vmap(tree_where)(dispatched, new_states, old_states)
     client_states = tree_put(state.client_states, ids, new_states)
 

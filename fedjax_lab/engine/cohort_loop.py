@@ -1,4 +1,15 @@
-"""The cohort loop: one client function over the cohort, vmapped, optionally a chunk at a time."""
+"""The cohort loop: one client function over the cohort, vmapped, a chunk at a time, over a device mesh.
+
+Three ways to bound or spread the work, which compose and never change a result beyond float tolerance:
+
+* ``chunk_size``: clients trained at once; the rest wait in a ``lax.map`` / ``lax.scan`` over chunks.
+* ``reduce``: instead of stacking every client's message ``[m, |params|]``, each chunk's messages are reduced to
+  their sums as the chunk finishes and added to a running total (streaming aggregation).
+* ``mesh``: the cohort is split over the mesh's ``clients`` axis with ``jax.shard_map``; each device runs its
+  share (chunked as above), per-client outputs stay sharded by client, and the sums are added across devices
+  with ``psum`` (the aggregation collective). Everything the client function closes over (the server state,
+  the training arrays) is replicated.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +17,74 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+CLIENTS = "clients"
+"""The name of the mesh axis the cohort is split over."""
 
 
-def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any) -> Any:
-    """``vmap(fn)`` over the leading axis of ``stacked``, optionally ``chunk_size`` clients at a time."""
+def _chunked(stacked: Any, num_chunks: int) -> Any:
+    return jax.tree.map(lambda x: x.reshape((num_chunks, x.shape[0] // num_chunks) + x.shape[1:]), stacked)
+
+
+def _unchunked(stacked: Any) -> Any:
+    return jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), stacked)
+
+
+def _map_local(fn: Callable[..., Any], chunk_size: int | None, reduce: Callable[..., Any] | None,
+               stacked: tuple) -> Any:
     cohort_size = jax.tree.leaves(stacked)[0].shape[0]
-    if chunk_size is None or chunk_size == cohort_size:
-        return jax.vmap(fn)(*stacked)
+    chunk_size = chunk_size or cohort_size
     num_chunks = cohort_size // chunk_size
-    chunked = jax.tree.map(lambda x: x.reshape((num_chunks, chunk_size) + x.shape[1:]), stacked)
-    out = jax.lax.map(lambda args: jax.vmap(fn)(*args), chunked)
-    return jax.tree.map(lambda x: x.reshape((cohort_size,) + x.shape[2:]), out)
+    if reduce is None:
+        if num_chunks == 1:
+            return jax.vmap(fn)(*stacked)
+        return _unchunked(jax.lax.map(lambda args: jax.vmap(fn)(*args), _chunked(stacked, num_chunks)))
+
+    def one_chunk(total, args):
+        first, *rest = jax.vmap(fn)(*args)
+        sums = reduce(first, *args)
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        return total, tuple(rest)
+
+    if num_chunks == 1:
+        total, rest = one_chunk(None, stacked)
+        return (total, *rest)
+    chunks = _chunked(stacked, num_chunks)
+    first_chunk = jax.tree.map(lambda x: x[0], chunks)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(lambda args: one_chunk(None, args)[0], first_chunk))
+    total, rest = jax.lax.scan(one_chunk, zeros, chunks)
+    return (total, *_unchunked(rest))
+
+
+def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
+               reduce: Callable[..., Any] | None = None, mesh: Mesh | None = None) -> Any:
+    """``vmap(fn)`` over the leading (cohort) axis of ``stacked``, ``chunk_size`` clients at a time.
+
+    Args:
+      fn: one client's work, returning a tuple (``(message, state, metrics)``).
+      chunk_size: clients at once on each device; ``None``: all of a device's share. Must divide the share.
+      *stacked: per-client inputs with a leading cohort axis.
+      reduce: ``(first_outputs, *stacked_inputs) -> sums`` of a chunk, additive over chunks. When given, the
+        first output comes back as its sums over the whole cohort instead of stacked.
+      mesh: a mesh with a ``clients`` axis to split the cohort over; ``None``: the default device.
+
+    Returns:
+      ``fn``'s outputs stacked over the cohort (the first one reduced, when ``reduce`` is given).
+    """
+    if mesh is None or mesh.shape[CLIENTS] == 1:
+        return _map_local(fn, chunk_size, reduce, stacked)
+
+    def local(*share):
+        out = _map_local(fn, chunk_size, reduce, share)
+        if reduce is not None:
+            out = (jax.lax.psum(out[0], CLIENTS), *out[1:])
+        return out
+
+    out_shape = jax.eval_shape(lambda *s: _map_local(fn, None, reduce, s), *stacked)
+    specs = tuple(P() if reduce is not None and i == 0 else P(CLIENTS) for i in range(len(out_shape)))
+    return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(CLIENTS) for _ in stacked), out_specs=specs, axis_names={CLIENTS},
+                         check_vma=False)(*stacked)

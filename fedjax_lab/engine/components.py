@@ -76,14 +76,18 @@ class ServerView(NamedTuple):
       cohort: the cohort's ids and sizes.
       context: key, round, server data and population size.
       global_variables: the model before this round's server step.
+      sums: the cohort's sums of the messages: ``sums['delta']`` (``sum_k w_k Delta_k``), ``sums['weight']``
+        (``sum_k w_k``) and ``sums[name]`` for each component with a ``sums`` hook. When the engine streamed the
+        round (:class:`~fedjax_lab.engine.types.Reduced`), these are all there is and ``messages`` is ``None``.
     """
 
     state: PyTree
-    messages: dict[str, PyTree]
+    messages: dict[str, PyTree] | None
     weights: jax.Array
     cohort: Cohort
     context: ServerContext
     global_variables: Params
+    sums: dict[str, PyTree] | None = None
 
 
 class Component(NamedTuple):
@@ -121,6 +125,11 @@ class Component(NamedTuple):
       aggregate: ``(view: ServerView, mean_delta) -> (mean_delta, metrics)``, applied in order to the weighted
         mean of the deltas before the server optimiser steps on it.
       after_step: ``(view, new_variables) -> (state, new_variables, metrics)`` after the server optimiser.
+      sums: ``(messages, weights, cohort) -> pytree``: the sums over a stack of clients that this component's
+        server hooks read (as ``view.sums[name]``), additive over any split of the cohort (SCAFFOLD's control
+        sum). A component whose server hooks read only these, and ``view.sums['delta']``, lets the round stream
+        its messages (bounded memory, :mod:`fedjax_lab.engine.cohort_loop`); one with server hooks and no
+        ``sums`` reads the stacked ``view.messages``, and the round keeps them.
     """
 
     name: str
@@ -142,6 +151,12 @@ class Component(NamedTuple):
     merge: Callable[[ServerView], tuple[Params, PyTree, Metrics]] | None = None
     aggregate: Callable[[ServerView, Params], tuple[Params, Metrics]] | None = None
     after_step: Callable[[ServerView, Params], tuple[PyTree, Params, Metrics]] | None = None
+    sums: Callable[[dict[str, PyTree], jax.Array, Cohort], PyTree] | None = None
+
+
+def reads_only_sums(c: Component) -> bool:
+    """Whether the component's server hooks, if any, read the messages only through their sums."""
+    return c.sums is not None or (c.merge is None and c.aggregate is None and c.after_step is None)
 
 
 def check_components(components: Sequence[Component]) -> None:

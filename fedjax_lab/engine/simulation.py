@@ -19,17 +19,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from fedjax_lab.engine import randomness
 from fedjax_lab.engine.asynchrony import DelayModel, init_async_state, run_async_round, store_capacity
-from fedjax_lab.engine.cohort_loop import map_cohort
+from fedjax_lab.engine.cohort_loop import CLIENTS, map_cohort
 from fedjax_lab.engine.sampling import sample_cohort
 from fedjax_lab.engine.tree_math import tree_put, tree_stack_copies, tree_take
-from fedjax_lab.engine.types import Algorithm, Arrays, ClientData, Cohort, LoopState, Params, ServerContext
+from fedjax_lab.engine.types import (
+    Algorithm,
+    Arrays,
+    ClientData,
+    Cohort,
+    LoopState,
+    Params,
+    Reduced,
+    ServerContext,
+)
 
 
 class RoundInputs(NamedTuple):
@@ -67,6 +77,12 @@ class CohortPlan:
       buffer_size: the server steps each time this many messages have arrived (FedBuff's buffer; implies the
         asynchronous round, with zero delay unless ``delay`` says otherwise); ``None``: once per round.
       max_in_flight: at most this many jobs in flight (the store's capacity); default the most that can be.
+      mesh: a device mesh with a ``clients`` axis (:func:`fedjax_lab.engine.sharding.client_mesh`): the cohort
+        is split over its devices, each training its share ``chunk_size`` clients at a time; ``None``: one
+        device.
+      aggregation: ``'streaming'`` reduces each chunk's messages as it finishes (and across devices) when the
+        algorithm's server update reads only their sums (``Algorithm.reduce``); ``'stacked'`` always keeps every
+        message; ``'auto'`` streams whenever the cohort is chunked or sharded and the algorithm allows it.
     """
 
     num_clients: int
@@ -75,16 +91,37 @@ class CohortPlan:
     delay: DelayModel | None = None
     buffer_size: int | None = None
     max_in_flight: int | None = None
+    mesh: Mesh | None = None
+    aggregation: Literal["auto", "streaming", "stacked"] = "auto"
 
     def __post_init__(self):
         if not 1 <= self.cohort_size <= self.num_clients:
             raise ValueError(f"cohort_size must be in [1, num_clients={self.num_clients}], got {self.cohort_size}")
-        if self.chunk_size is not None and (self.chunk_size < 1 or self.cohort_size % self.chunk_size):
-            raise ValueError(f"chunk_size must divide cohort_size={self.cohort_size}, got {self.chunk_size}")
+        if self.cohort_size % self.num_devices:
+            raise ValueError(f"cohort_size must be a multiple of the mesh's {self.num_devices} devices, got "
+                             f"{self.cohort_size}")
+        share = self.cohort_size // self.num_devices
+        if self.chunk_size is not None and (self.chunk_size < 1 or share % self.chunk_size):
+            raise ValueError(f"chunk_size must divide each device's share of the cohort ({share} clients), got "
+                             f"{self.chunk_size}")
+        if self.aggregation not in ("auto", "streaming", "stacked"):
+            raise ValueError(f"aggregation must be 'auto', 'streaming' or 'stacked', got {self.aggregation!r}")
         if self.buffer_size is not None and self.buffer_size < 1:
             raise ValueError(f"buffer_size must be >= 1, got {self.buffer_size}")
         if self.max_in_flight is not None and self.max_in_flight < self.cohort_size:
             raise ValueError(f"max_in_flight must be >= cohort_size={self.cohort_size}, got {self.max_in_flight}")
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the cohort is split over."""
+        return 1 if self.mesh is None else self.mesh.shape[CLIENTS]
+
+    def streams(self, algorithm: Algorithm) -> bool:
+        """Whether the synchronous round reduces messages as chunks finish instead of stacking them."""
+        if algorithm.reduce is None or self.aggregation == "stacked":
+            return False
+        chunked = self.chunk_size is not None and self.chunk_size < self.cohort_size // self.num_devices
+        return self.aggregation == "streaming" or chunked or self.num_devices > 1
 
     @property
     def asynchronous(self) -> bool:
@@ -151,8 +188,15 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
     def client_fn(client_state, client, key):
         return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
 
+    def reduce(messages, client_states, clients, keys):
+        return algorithm.reduce(messages, Cohort(clients.client_id, clients.num_examples))
+
+    streams = plan.streams(algorithm)
     messages, new_client_states, client_metrics = map_cohort(
-        client_fn, plan.chunk_size, tree_take(state.client_states, ids), clients, keys)
+        client_fn, plan.chunk_size, tree_take(state.client_states, ids), clients, keys,
+        reduce=reduce if streams else None, mesh=plan.mesh)
+    if streams:
+        messages = Reduced(messages)
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
                             inputs.server_arrays, plan.num_clients)
     server_state, server_metrics = algorithm.server_update(

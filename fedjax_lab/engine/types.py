@@ -108,6 +108,11 @@ class Algorithm(NamedTuple):
       with_components: ``(*components) -> Algorithm``, the same algorithm with more client/server components
         (:mod:`fedjax_lab.engine.components`), for plug-ins that also change what clients do; ``None`` for an
         algorithm not assembled from components.
+      reduce: ``(messages, cohort) -> sums``, for an algorithm whose server update reads only sums over the
+        cohort's messages (a weighted mean, SCAFFOLD's control sum): the sums of a stack of messages, additive
+        over any split of the cohort. With it the engine may reduce each chunk of clients as it finishes (and
+        across devices) instead of stacking every message, and hand ``server_update`` a :class:`Reduced` in
+        place of the stack. ``None``: the server update needs the stack (FedDF's ensemble, Feddle's atlas).
     """
 
     server_init: Callable[[Params], ServerState]
@@ -117,6 +122,14 @@ class Algorithm(NamedTuple):
     model_params: Callable[[ServerState], Params]
     set_model_params: Callable[[ServerState, Params], ServerState] = replace_params
     with_components: Callable[..., Algorithm] | None = None
+    reduce: Callable[..., PyTree] | None = None
+
+
+class Reduced(NamedTuple):
+    """What ``server_update`` receives in place of the stacked messages when the engine streamed them:
+    ``sums``, the cohort's ``algorithm.reduce`` accumulated chunk by chunk (and device by device)."""
+
+    sums: PyTree
 
 
 class LoopState(NamedTuple):

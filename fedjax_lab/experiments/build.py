@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 
 from fedjax_lab import models
 from fedjax_lab.data import FederatedDataset
@@ -24,12 +25,14 @@ from fedjax_lab.engine import (
     RoundInputs,
     init_loop_state,
     make_run_rounds,
+    memory,
     randomness,
 )
 from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
 from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator, lower_mask
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
+from fedjax_lab.engine.sharding import client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes
 from fedjax_lab.engine.variables import split_variables
 from fedjax_lab.experiments import hyperparams
@@ -167,6 +170,24 @@ def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> in
     return 2 if cohort_size % 2 == 0 else 1
 
 
+def build_mesh(config: Config, cohort_size: int) -> Mesh | None:
+    """The ``clients`` mesh of ``parallel.devices`` (``None`` for one device).
+
+    Raises:
+      ConfigError: more devices than JAX sees, or a number that does not divide the cohort.
+    """
+    devices = config.parallel.devices
+    num = len(jax.devices()) if devices == "all" else devices
+    if num == 1:
+        return None
+    if cohort_size % num:
+        raise ConfigError(f"parallel.devices={num} must divide rounds.clients_per_round={cohort_size}")
+    try:
+        return client_mesh(num)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def build_delay(config: Config) -> DelayModel | None:
     """The :class:`~fedjax_lab.engine.asynchrony.DelayModel` of ``config.asynchrony`` (``None`` when unset)."""
     a = config.asynchrony
@@ -299,6 +320,8 @@ def build_experiment(config: Config) -> Experiment:
     Raises:
       ConfigError: when the data and the config disagree (e.g. a cohort larger than the population).
     """
+    initialize_distributed(config.parallel.coordinator_address, config.parallel.num_processes,
+                           config.parallel.process_id)
     dataset = build_dataset(config)
     if is_reference(config):
         dataset = reference_view(dataset, config.algorithm.name)
@@ -307,12 +330,14 @@ def build_experiment(config: Config) -> Experiment:
                           f"got {config.rounds.clients_per_round}")
     classifier = build_classifier(config, dataset)
     algorithm_at = make_algorithm_at(config, classifier, dataset)
-    chunk_size = config.rounds.chunk_size or default_chunk_size(config.rounds.clients_per_round,
-                                                                 jax.default_backend(), config.model.name)
     cohort = 1 if is_reference(config) else config.rounds.clients_per_round
+    mesh = build_mesh(config, cohort)
+    share = cohort // (1 if mesh is None else mesh.size)
+    chunk_size = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(), config.model.name)
     plan = CohortPlan(dataset.num_clients, cohort, 1 if cohort == 1 else chunk_size, build_delay(config),
                       config.algorithm.buffer_size,
-                      config.asynchrony.max_in_flight if config.asynchrony is not None else None)
+                      config.asynchrony.max_in_flight if config.asynchrony is not None else None,
+                      mesh, config.parallel.aggregation)
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),
         train_arrays=jax.device_put(dataset.train),
@@ -353,6 +378,64 @@ def build_experiment(config: Config) -> Experiment:
             check_store_memory(shapes, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    return Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                      make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator,
-                      dissimilarity_evaluator)
+    experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
+                            make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator,
+                            dissimilarity_evaluator)
+    check_memory(experiment)
+    return experiment
+
+
+def memory_budget(config: Config) -> int:
+    """``parallel.memory_budget_gb`` in bytes, or 90% of the device's memory."""
+    if config.parallel.memory_budget_gb is not None:
+        return int(config.parallel.memory_budget_gb * memory.GiB)
+    return int(0.9 * device_memory_bytes())
+
+
+def estimate_memory(experiment: Experiment) -> memory.StaticEstimate:
+    """The per-device :class:`~fedjax_lab.engine.memory.StaticEstimate` of a round, from shapes only."""
+    plan = experiment.plan
+    params = jax.eval_shape(experiment.classifier.init, jax.random.key(0))
+    state = jax.eval_shape(experiment.initial_state)
+    share = plan.cohort_size // plan.num_devices
+    in_flight = plan.chunk_size or share
+    held = plan.capacity if plan.asynchronous else (in_flight if plan.streams(experiment.algorithm) else share)
+    return memory.static_estimate(state, experiment.inputs, message_shapes(experiment.algorithm, params,
+                                                                          experiment.inputs),
+                                  params, plan.num_clients, held, in_flight)
+
+
+def check_memory(experiment: Experiment, budget: int | None = None) -> None:
+    """Refuses a run that cannot fit in ``budget`` bytes a device (default :func:`memory_budget`), naming the
+    setting to change and the estimate: first from shapes, before anything is compiled; then, when that comes
+    within a quarter of the budget, from XLA's memory analysis of the compiled block of rounds.
+
+    Raises:
+      ConfigError: the estimate exceeds the budget.
+    """
+    config, plan = experiment.config, experiment.plan
+    budget = memory_budget(config) if budget is None else budget
+    estimate = estimate_memory(experiment)
+    where = f"more than the budget of {budget / memory.GiB:.2f} GiB a device (parallel.memory_budget_gb)"
+    if estimate.client_states + estimate.server_and_inputs > budget:
+        raise ConfigError(
+            f"dataset.num_clients={plan.num_clients}: the population's per-client state alone needs "
+            f"{estimate.client_states / memory.GiB:.2f} GiB ({estimate.per_client_state / 2**20:.3f} MiB a client "
+            f"for {config.algorithm.name}), {where}; fewer clients fit, or a method without per-client state. "
+            f"Estimate: {memory.describe(estimate)}")
+    if estimate.total > budget:
+        raise ConfigError(
+            f"rounds.chunk_size={plan.chunk_size}: a round needs about {estimate.total / memory.GiB:.2f} GiB, "
+            f"{where}; train fewer clients at once (rounds.chunk_size), stream the aggregation "
+            f"(parallel.aggregation=streaming), or split the cohort over parallel.devices. "
+            f"Estimate: {memory.describe(estimate)}")
+    if estimate.total > budget / 4:
+        state = jax.eval_shape(experiment.initial_state)
+        compiled = experiment.run_rounds.lower(state, experiment.inputs, num_rounds=config.eval.every).compile()
+        need = memory.compiled_estimate(compiled)
+        if need > budget:
+            raise ConfigError(
+                f"rounds.chunk_size={plan.chunk_size}: XLA's memory analysis of the compiled rounds needs "
+                f"{need / memory.GiB:.2f} GiB, {where}; train fewer clients at once (rounds.chunk_size), stream "
+                f"the aggregation (parallel.aggregation=streaming) or split the cohort over parallel.devices. "
+                f"Shapes alone: {memory.describe(estimate)}")

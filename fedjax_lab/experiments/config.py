@@ -254,6 +254,32 @@ class EvalConfig(Section):
                                                                        "round reaching it (FedImpro's Table 2)")
 
 
+class ParallelConfig(Section):
+    """Devices and hosts (docs/scale.md): the cohort is split over ``devices`` with ``jax.sharding``; several
+    processes (hosts) join through ``jax.distributed``, each running the same config."""
+
+    devices: PositiveInt | Literal["all"] = Field(1, description="devices the cohort is split over: a number, or "
+                                                                "'all' of every process's devices")
+    aggregation: Literal["auto", "streaming", "stacked"] = Field(
+        "auto", description="streaming reduces each chunk's messages as it finishes (bounded memory) where the "
+                            "method's server update is a weighted mean; auto: whenever the cohort is chunked or "
+                            "sharded")
+    memory_budget_gb: float | None = Field(None, gt=0, description="refuse a run whose compiled program needs more "
+                                                                   "(default: half the device's memory)")
+    coordinator_address: str | None = Field(None, description="host:port of process 0, for jax.distributed "
+                                                              "(default: $JAX_COORDINATOR_ADDRESS; unset: one "
+                                                              "process)")
+    num_processes: PositiveInt | None = Field(None, description="default $JAX_NUM_PROCESSES")
+    process_id: int | None = Field(None, ge=0, description="default $JAX_PROCESS_ID")
+
+    @model_validator(mode="after")
+    def _process_in_range(self):
+        if self.process_id is not None and self.num_processes is not None and self.process_id >= self.num_processes:
+            raise ValueError(f"parallel.process_id must be < parallel.num_processes={self.num_processes}, "
+                             f"got {self.process_id}")
+        return self
+
+
 class CheckpointConfig(Section):
     every_blocks: int = Field(5, ge=0, description="0 checkpoints only at the end")
     keep: PositiveInt = 2
@@ -272,6 +298,7 @@ class Config(Section):
                                                                    "synchronous round")
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")
     def _cohort_fits(self):
@@ -279,6 +306,15 @@ class Config(Section):
         if self.rounds.clients_per_round > population:
             raise ValueError(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
                              f"got {self.rounds.clients_per_round}")
+        devices = self.parallel.devices
+        if isinstance(devices, int) and devices > 1:
+            if self.rounds.clients_per_round % devices:
+                raise ValueError(f"parallel.devices must divide rounds.clients_per_round="
+                                 f"{self.rounds.clients_per_round}, got {devices}")
+            share = self.rounds.clients_per_round // devices
+            if self.rounds.chunk_size is not None and share % self.rounds.chunk_size:
+                raise ValueError(f"rounds.chunk_size must divide each device's share of the cohort ({share} "
+                                 f"clients over {devices} devices), got {self.rounds.chunk_size}")
         return self
 
     @model_validator(mode="after")

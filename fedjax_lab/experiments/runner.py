@@ -14,6 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjax_lab.data.report import write_partition_report
+from fedjax_lab.engine.sharding import initialize_distributed, to_host
 from fedjax_lab.experiments.build import Experiment, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
 from fedjax_lab.experiments.plots import plot_runs, plot_staleness
@@ -101,6 +102,9 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
       The summary also written to ``summary.json``.
     """
     run_dir = Path(run_dir)
+    if initialize_distributed(config.parallel.coordinator_address, config.parallel.num_processes,
+                              config.parallel.process_id) and jax.process_index() > 0:
+        run_dir = run_dir / f".process_{jax.process_index()}"  # process 0 writes the run; the others keep a copy
     _prepare_directory(config, run_dir, resume, overwrite)
     finished = run_dir / "summary.json"
     if resume and finished.exists() and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds:
@@ -152,7 +156,9 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
         num_rounds = min(every - first % every, stop - first)
         start = time.perf_counter()
         state, metrics = experiment.run_rounds(state, experiment.inputs, num_rounds=num_rounds)
-        metrics, arrays = split_arrays(jax.device_get(metrics))
+        if jax.process_count() > 1:  # bring the state home: evaluation and checkpoints stay per process
+            state = to_host(state)
+        metrics, arrays = split_arrays(to_host(metrics))
         rows = _block_rows(first, metrics)
         timings.append((num_rounds, time.perf_counter() - start))
         if int(state.round) % every == 0 or int(state.round) == total:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
-from fedjax_lab.engine.aggregation import Weighting, cohort_weights, weighted_mean
+from fedjax_lab.engine.aggregation import Weighting, cohort_weights
 from fedjax_lab.engine.components import (
     Component,
     LocalResult,
@@ -25,10 +27,11 @@ from fedjax_lab.engine.components import (
     check_components,
     client_views,
     local_hooks,
+    reads_only_sums,
 )
 from fedjax_lab.engine.local_training import LocalSchedule, first_step_rate, train_locally
 from fedjax_lab.engine.tree_math import tree_add, tree_scale, tree_sub
-from fedjax_lab.engine.types import Algorithm, Params
+from fedjax_lab.engine.types import Algorithm, Params, Reduced
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
@@ -113,12 +116,23 @@ def fedavg(
                     message[c.name] = part
         return message, new_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}
 
+    def reduce(messages, cohort):
+        weights = cohort_weights(cohort, weighting)
+        sums = {"delta": jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1), messages["delta"]),
+                "weight": jnp.sum(weights)}
+        sums.update({c.name: c.sums(messages, weights, cohort) for c in components if c.sums is not None})
+        return sums
+
     def server_update(server_state, messages, cohort, context):
         weights = cohort_weights(cohort, weighting)
         metrics, states = {}, dict(server_state.components)
+        if isinstance(messages, Reduced):
+            messages, sums = None, messages.sums
+        else:
+            sums = reduce(messages, cohort)
 
         def view(c):
-            return ServerView(states.get(c.name, ()), messages, weights, cohort, context, server_state.params)
+            return ServerView(states.get(c.name, ()), messages, weights, cohort, context, server_state.params, sums)
 
         mergers = [c for c in components if c.merge is not None]
         if mergers:
@@ -127,7 +141,7 @@ def fedavg(
                 states[mergers[0].name] = state
             metrics.update(m)
         else:
-            mean_delta = weighted_mean(messages["delta"], weights)
+            mean_delta = tree_scale(sums["delta"], 1.0 / jnp.where(sums["weight"] > 0, sums["weight"], 1.0))
         for c in components:
             if c.aggregate is not None:
                 mean_delta, m = c.aggregate(view(c), mean_delta)
@@ -148,7 +162,8 @@ def fedavg(
 
     return Algorithm(server_init=server_init, client_init=client_init, client_update=client_update,
                      server_update=server_update, model_params=lambda server_state: server_state.params,
-                     with_components=with_components)
+                     with_components=with_components,
+                     reduce=reduce if all(reads_only_sums(c) for c in components) else None)
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_lab.engine.aggregation import cohort_mask
 from fedjax_lab.engine.components import Component
 from fedjax_lab.engine.tree_math import tree_scale, tree_sub, tree_zeros_like
 from fedjax_lab.engine.variables import merge_variables, split_variables
@@ -41,8 +42,12 @@ def dynamic_regularization(alpha: float) -> Component:
     def finish(view, result):
         return None, tree_sub(view.state, tree_scale(split_variables(result.delta)[0], alpha))
 
+    def sums(messages, weights, cohort):
+        mask = cohort_mask(cohort).astype(jnp.float32)
+        return jax.tree.map(lambda d: jnp.tensordot(mask, d, axes=1), split_variables(messages["delta"])[0])
+
     def after_step(view, variables):
-        drift_sum = jax.tree.map(lambda d: jnp.sum(d, 0), split_variables(view.messages["delta"])[0])
+        drift_sum = view.sums["feddyn"]
         h = tree_sub(view.state, tree_scale(drift_sum, alpha / view.context.num_clients))
         params, model_state = split_variables(variables)
         # alpha = 0 is FedAvg: h stays 0 and the correction h / alpha is dropped rather than 0 / 0.
@@ -50,7 +55,7 @@ def dynamic_regularization(alpha: float) -> Component:
         return h, merge_variables(tree_sub(params, shift), model_state, variables), {}
 
     return Component("feddyn", client_init=zeros, loss_term=loss_term, finish=finish, server_init=zeros,
-                     after_step=after_step)
+                     after_step=after_step, sums=sums)
 
 
 def build(config, context) -> tuple[Component, ...]:

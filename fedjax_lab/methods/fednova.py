@@ -16,31 +16,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_lab.engine.aggregation import weighted_mean
 from fedjax_lab.engine.components import Component
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
-def normalised_average(deltas, a: jax.Array, weights: jax.Array):
-    """``tau_eff sum_k p_k Delta_k / a_k`` over the trainable part of the stacked deltas, and ``tau_eff``."""
-    normalised = jax.tree.map(lambda d: d / a.reshape((-1,) + (1,) * (d.ndim - 1)), deltas)
-    tau_eff = jnp.sum(weights * a) / jnp.sum(weights)
-    return jax.tree.map(lambda d: tau_eff * d, weighted_mean(normalised, weights)), tau_eff
-
-
 def normalised_averaging() -> Component:
-    """FedNova's change to the round: clients send ``a_k``; the server's aggregate is the normalised one."""
+    """FedNova's change to the round: clients send ``a_k``; the server's aggregate is the normalised one,
+    ``tau_eff sum_k p_k Delta_k / a_k`` from the sums ``sum_k w_k Delta_k / a_k`` and ``sum_k w_k a_k``."""
 
     def finish(view, result):
         return result.stats.unit_step / view.learning_rate, ()
 
-    def aggregate(view, mean_delta):
-        params, _ = normalised_average(split_variables(view.messages["delta"])[0], view.messages["fednova"],
-                                       view.weights)
-        return merge_variables(params, split_variables(mean_delta)[1], mean_delta), {
-            "tau_eff": jnp.sum(view.weights * view.messages["fednova"]) / jnp.sum(view.weights)}
+    def sums(messages, weights, cohort):
+        a = messages["fednova"]
+        deltas = split_variables(messages["delta"])[0]
+        return {"normalised": jax.tree.map(lambda d: jnp.tensordot(weights / a, d, axes=1), deltas),
+                "weighted_a": jnp.sum(weights * a)}
 
-    return Component("fednova", finish=finish, aggregate=aggregate, needs_unit_step=True)
+    def aggregate(view, mean_delta):
+        total = jnp.where(view.sums["weight"] > 0, view.sums["weight"], 1.0)
+        tau_eff = view.sums["fednova"]["weighted_a"] / total
+        params = jax.tree.map(lambda d: tau_eff * d / total, view.sums["fednova"]["normalised"])
+        return merge_variables(params, split_variables(mean_delta)[1], mean_delta), {"tau_eff": tau_eff}
+
+    return Component("fednova", finish=finish, aggregate=aggregate, sums=sums, needs_unit_step=True)
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -89,12 +89,17 @@ def control_variates(loss_fn: LossFn | None = None, batch_size: int = 64, option
             new_control = tree_add(tree_sub(view.state, view.server), drift)
         return tree_sub(new_control, view.state), new_control
 
-    def after_step(view: ServerView, params):
-        divisor = view.context.num_clients if control_average == "all" else jnp.sum(cohort_mask(view.cohort))
-        moved = jax.tree.map(lambda d: jnp.sum(d, 0) / divisor, view.messages["scaffold"])
-        return tree_add(view.state, moved), params, {}
+    def sums(messages, weights, cohort):
+        mask = cohort_mask(cohort).astype(jnp.float32)
+        return {"moved": jax.tree.map(lambda d: jnp.tensordot(mask, d, axes=1), messages["scaffold"]),
+                "count": jnp.sum(mask)}
 
-    return Component("scaffold", client_init=zeros, server_init=zeros, finish=finish, after_step=after_step,
+    def after_step(view: ServerView, params):
+        total = view.sums["scaffold"]
+        divisor = view.context.num_clients if control_average == "all" else jnp.maximum(total["count"], 1.0)
+        return tree_add(view.state, tree_scale(total["moved"], 1.0 / divisor)), params, {}
+
+    return Component("scaffold", client_init=zeros, server_init=zeros, finish=finish, after_step=after_step, sums=sums,
                      needs_unit_step=correction == "through_optimizer",
                      **({"gradient": gradient} if correction == "through_optimizer" else {"update": update}))
 

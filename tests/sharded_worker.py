@@ -1,0 +1,78 @@
+"""Runs a small config in a fresh process, for the tests of several devices and processes (``tests/test_scale.py``).
+
+``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and FedBuff on
+1, 2 and 4 of them and writes each run's final parameters' largest difference from the single-device run.
+``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
+``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+RAW = {
+    "seed": 2,
+    "dataset": {"name": "gaussian_mixture", "num_clients": 16, "examples_per_client": 20, "dimension": 5,
+                "num_classes": 3},
+    "model": {"name": "mlp", "hidden": [8]},
+    "algorithm": {"name": "fedavg"},
+    "client": {"optimizer": "sgd", "learning_rate": 0.1, "momentum": 0.9, "batch_size": 5, "local_steps": 4},
+    "rounds": {"num_rounds": 4, "clients_per_round": 8},
+    "eval": {"every": 2, "per_client": False},
+    "checkpoint": {"every_blocks": 1},
+}
+METHODS = {
+    "fedavg": {},
+    "scaffold": {"algorithm": {"name": "scaffold"}},
+    "fedbuff": {"algorithm": {"name": "fedbuff", "buffer_size": 4}, "asynchrony": {"sigma": 1.0}},
+}
+
+
+def _final_params(raw):
+    import jax
+
+    from fedjax_lab.experiments.build import build_experiment
+    from fedjax_lab.experiments.config import validate
+
+    experiment = build_experiment(validate(raw))
+    state, _ = experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=4)
+    return jax.device_get(experiment.algorithm.model_params(state.server_state)), experiment
+
+
+def devices(out: str) -> None:
+    import jax
+    import numpy as np
+
+    assert len(jax.devices()) == 4, jax.devices()
+    result = {}
+    for name, change in METHODS.items():
+        reference, _ = _final_params({**RAW, **change})
+        for num, chunk in ((2, None), (4, 1), (2, 2)):
+            raw = {**RAW, **change, "parallel": {"devices": num},
+                   "rounds": {**RAW["rounds"], "chunk_size": chunk}}
+            params, experiment = _final_params(raw)
+            assert experiment.plan.num_devices == num, experiment.plan
+            diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(reference),
+                                                                    jax.tree.leaves(params)))
+            result[f"{name} devices={num} chunk={chunk}"] = diff
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def process(index: int, count: int, address: str, run_dir: str) -> None:
+    from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.runner import run_experiment
+
+    raw = {**RAW, "parallel": {"devices": "all", "coordinator_address": address, "num_processes": count,
+                               "process_id": index}}
+    run_experiment(validate(raw), run_dir, progress=False)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "devices":
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        devices(sys.argv[2])
+    else:
+        process(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -1,0 +1,149 @@
+"""Scale: streaming aggregation equals stacked, the cohort split over several devices and over two processes
+joined by ``jax.distributed`` equals one device, and a run that cannot fit is refused before it compiles."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds
+from fedjax_lab.engine.types import Reduced
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.config import ConfigError, validate
+from fedjax_lab.experiments.run_directory import read_metrics
+from fedjax_lab.experiments.runner import run_experiment
+from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.feddyn import dynamic_regularization
+from fedjax_lab.methods.fednova import normalised_averaging
+from fedjax_lab.methods.scaffold import control_variates
+from fedjax_lab.methods.server_optimizers import fedavg_server
+from tests.conftest import assert_trees_close, make_inputs
+from tests.sharded_worker import RAW
+
+WORKER = Path(__file__).with_name("sharded_worker.py")
+ROOT = WORKER.parent.parent
+
+
+def _components(classifier):
+    return {"fedavg": (), "scaffold": (control_variates(),), "fednova": (normalised_averaging(),),
+            "feddyn": (dynamic_regularization(0.1),)}
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fednova", "feddyn"])
+def test_streaming_aggregation_equals_stacked_aggregation(tiny_data, tiny_classifier, name):
+    algorithm = fedavg(tiny_classifier, optax.sgd(0.1, momentum=0.9), fedavg_server(1.0),
+                       LocalSchedule(4, local_steps=3), *_components(tiny_classifier)[name])
+    assert algorithm.reduce is not None
+    params, inputs = tiny_classifier.init(jax.random.key(0)), make_inputs(tiny_data)
+    states = {}
+    for aggregation in ("stacked", "streaming"):
+        plan = CohortPlan(tiny_data.num_clients, 6, 2, aggregation=aggregation)
+        state = init_loop_state(algorithm, params, tiny_data.num_clients)
+        states[aggregation], _ = make_run_rounds(algorithm, plan)(state, inputs, num_rounds=3)
+    assert_trees_close(states["stacked"], states["streaming"], rtol=1e-5, atol=1e-6)
+
+
+def test_streamed_server_update_sees_only_the_sums(tiny_data, tiny_classifier):
+    seen = []
+    algorithm = fedavg(tiny_classifier, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(4, local_steps=2))
+    server_update = algorithm.server_update
+
+    def spy(server_state, messages, cohort, context):
+        seen.append(type(messages))
+        return server_update(server_state, messages, cohort, context)
+
+    algorithm = algorithm._replace(server_update=spy)
+    state = init_loop_state(algorithm, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients)
+    make_run_rounds(algorithm, CohortPlan(tiny_data.num_clients, 6, 2))(state, make_inputs(tiny_data), num_rounds=1)
+    make_run_rounds(algorithm, CohortPlan(tiny_data.num_clients, 6, 2, aggregation="stacked"))(
+        state, make_inputs(tiny_data), num_rounds=1)
+    assert seen == [Reduced, dict]
+
+
+def test_a_server_update_that_needs_every_message_keeps_the_stack(tiny_classifier):
+    from fedjax_lab.methods.fedexp import extrapolation
+
+    algorithm = fedavg(tiny_classifier, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(4, local_steps=2),
+                       extrapolation(1e-3))
+    assert algorithm.reduce is None
+    assert not CohortPlan(12, 6, 2, aggregation="streaming").streams(algorithm)
+
+
+def test_streaming_bounds_the_compiled_memory_of_a_large_cohort():
+    """The MLP at a cohort of 64 trained 2 at a time: XLA's memory analysis with and without the stack."""
+    raw = {**RAW, "dataset": {**RAW["dataset"], "num_clients": 64, "dimension": 100},
+           "model": {"name": "mlp", "hidden": [256, 256]}, "rounds": {"num_rounds": 2, "clients_per_round": 64,
+                                                                       "chunk_size": 2}}
+    need = {}
+    for aggregation in ("stacked", "streaming"):
+        experiment = build_experiment(validate({**raw, "parallel": {"aggregation": aggregation}}))
+        state = jax.eval_shape(experiment.initial_state)
+        compiled = experiment.run_rounds.lower(state, experiment.inputs, num_rounds=1).compile()
+        need[aggregation] = compiled.memory_analysis().temp_size_in_bytes
+    message = (100 * 256 + 256 * 256 + 256 * 3 + 256 + 256 + 3) * 4
+    assert need["stacked"] - need["streaming"] > 30 * message, need
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dataset": {**RAW["dataset"], "num_clients": 16}, "algorithm": {"name": "scaffold"},
+      "parallel": {"memory_budget_gb": 1e-6}}, r"dataset.num_clients=16: the population's per-client state"),
+    ({"parallel": {"memory_budget_gb": 8.5e-6}}, r"rounds.chunk_size=2: a round needs about"),
+])
+def test_a_configuration_that_cannot_fit_fails_before_compiling(monkeypatch, change, message):
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled before refusing")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", no_compiling)
+    with pytest.raises(ConfigError, match=message) as error:
+        build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": 2}, **change}))
+    assert "GiB" in str(error.value) and "parallel.memory_budget_gb" in str(error.value)
+
+
+@pytest.mark.parametrize("parallel, message", [
+    ({"devices": 3}, "parallel.devices must divide rounds.clients_per_round=8"),
+    ({"devices": 2, "process_id": 2, "num_processes": 2}, "parallel.process_id must be < parallel.num_processes"),
+])
+def test_bad_parallel_settings_are_refused_with_the_field(parallel, message):
+    with pytest.raises(ConfigError, match=message):
+        validate({**RAW, "parallel": parallel})
+
+
+def test_more_devices_than_there_are_is_refused_before_compiling():
+    with pytest.raises(ConfigError, match=r"parallel.devices must be in \[1, 1\]"):
+        build_experiment(validate({**RAW, "parallel": {"devices": 2}}))
+
+
+def test_sharded_runs_equal_one_device_for_fedavg_scaffold_and_fedbuff(tmp_path):
+    out = tmp_path / "diffs.json"
+    subprocess.run([sys.executable, str(WORKER), "devices", str(out)], check=True, cwd=ROOT, timeout=600)
+    diffs = json.loads(out.read_text())
+    assert len(diffs) == 9 and {k.split()[0] for k in diffs} == {"fedavg", "scaffold", "fedbuff"}
+    assert max(diffs.values()) < 1e-5, diffs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_joined_by_jax_distributed_equal_one_process(tmp_path):
+    address = f"127.0.0.1:{_free_port()}"
+    workers = [subprocess.Popen([sys.executable, str(WORKER), "process", str(i), "2", address,
+                                 str(tmp_path / "two")], cwd=ROOT) for i in range(2)]
+    assert [w.wait(timeout=600) for w in workers] == [0, 0]
+    run_experiment(validate(RAW), tmp_path / "one", progress=False)
+    two, one = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
+    assert [r["round"] for r in two] == list(range(5))
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-6)
+    assert read_metrics(tmp_path / "two" / ".process_1") == two
