@@ -1,7 +1,8 @@
 """Runs a small config in a fresh process, for the tests of several devices and processes (``tests/test_scale.py``).
 
 ``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and FedBuff on
-1, 2 and 4 of them and writes each run's final parameters' largest difference from the single-device run.
+1, 2 and 4 of them, and a sweep of 4 seeds with its members split over 1, 2 and 4, and writes each run's final
+parameters' largest difference from the single-device run.
 ``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
 ``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
 """
@@ -57,6 +58,19 @@ def devices(out: str) -> None:
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(reference),
                                                                     jax.tree.leaves(params)))
             result[f"{name} devices={num} chunk={chunk}"] = diff
+    from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.sweep import build_sweep_program, expand
+
+    states = {}
+    for num in (1, 2, 4):
+        members = expand(validate({**RAW, "parallel": {"devices": num}}), {"seed": [0, 1, 2, 3]})
+        program = build_sweep_program(members, 1)
+        state = program.run(program.initial_states(), 2)[0]
+        assert len(state.round.sharding.device_set) == num, state.round.sharding  # the members are split
+        states[num] = jax.device_get(state.server_state)
+    for num in (2, 4):
+        result[f"sweep devices={num}"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
+            jax.tree.leaves(states[1]), jax.tree.leaves(states[num])))
     with open(out, "w") as f:
         json.dump(result, f)
 

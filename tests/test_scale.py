@@ -121,11 +121,11 @@ def test_more_devices_than_there_are_is_refused_before_compiling():
         build_experiment(validate({**RAW, "parallel": {"devices": 2}}))
 
 
-def test_sharded_runs_equal_one_device_for_fedavg_scaffold_and_fedbuff(tmp_path):
+def test_sharded_runs_and_sweeps_equal_one_device_for_fedavg_scaffold_and_fedbuff(tmp_path):
     out = tmp_path / "diffs.json"
     subprocess.run([sys.executable, str(WORKER), "devices", str(out)], check=True, cwd=ROOT, timeout=600)
     diffs = json.loads(out.read_text())
-    assert len(diffs) == 9 and {k.split()[0] for k in diffs} == {"fedavg", "scaffold", "fedbuff"}
+    assert len(diffs) == 11 and {k.split()[0] for k in diffs} == {"fedavg", "scaffold", "fedbuff", "sweep"}
     assert max(diffs.values()) < 1e-5, diffs
 
 

@@ -84,7 +84,9 @@ def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
             out = (jax.lax.psum(out[0], CLIENTS), *out[1:])
         return out
 
-    out_shape = jax.eval_shape(lambda *s: _map_local(fn, None, reduce, s), *stacked)
-    specs = tuple(P() if reduce is not None and i == 0 else P(CLIENTS) for i in range(len(out_shape)))
+    specs = P(CLIENTS)
+    if reduce is not None:
+        num_outputs = len(jax.eval_shape(lambda *s: _map_local(fn, None, reduce, s), *stacked))
+        specs = (P(), *[P(CLIENTS)] * (num_outputs - 1))
     return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(CLIENTS) for _ in stacked), out_specs=specs, axis_names={CLIENTS},
                          check_vma=False)(*stacked)

@@ -4,7 +4,7 @@
 members (each a full config, written to its own run directory) and, when the members differ only in their seed
 and data fields (``hyperparams.py``), runs them as one program: the loop state is stacked over the members and
 ``vmap``-ed, ``member_chunk`` members at a time (``lax.map`` over the chunks bounds memory, as ``chunk_size``
-does for the cohort). Members that change shapes or structure (a model size, the cohort, the method) run one
+does for the cohort), and split over ``parallel.devices`` devices. Members that change shapes or structure (a model size, the cohort, the method) run one
 after another instead, and the sweep says so. Either way each member's directory is an ordinary run directory
 (``config.yaml``, ``metrics.jsonl``, checkpoints, ``summary.json``, ``curves.png``) that ``fedjax-lab run
 --resume`` continues, and the sweep writes ``sweep.md`` / ``sweep.json`` (final and best accuracy per member, mean
@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
+from fedjax_lab.engine.sharding import client_mesh
 from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.build import CONV_MODELS, build_experiment
@@ -141,9 +142,15 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
         shutil.rmtree(sweep_dir)
     start = time.perf_counter()
     if reason is None:
-        if len(members) % chunk:
-            raise ConfigError(f"--chunk must divide the number of members ({len(members)}), got {chunk}")
-        layout = f"one program, {chunk} member(s) vmapped at a time"
+        devices = sweep_devices(config)
+        if len(members) % devices:
+            raise ConfigError(f"parallel.devices={devices} must divide the number of members ({len(members)})")
+        share = len(members) // devices
+        chunk = min(chunk, share) if member_chunk is None else chunk
+        if share % chunk:
+            raise ConfigError(f"--chunk must divide each device's share of the members ({share}), got {chunk}")
+        layout = f"one program, {chunk} member(s) vmapped at a time" + (
+            f" on each of {devices} devices" if devices > 1 else "")
         print(f"fedjax-lab: sweep of {len(members)} members as {layout}", file=sys.stderr)
         summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round)
     else:
@@ -152,6 +159,13 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
         summaries = [run_experiment(m.config, sweep_dir / m.name, resume=resume, progress=progress,
                                     stop_after_round=stop_after_round) for m in members]
     return write_sweep_report(sweep_dir, members, summaries, grid, layout, time.perf_counter() - start)
+
+
+def sweep_devices(config: Config) -> int:
+    """Devices a one-program sweep splits its members over: ``parallel.devices`` (each member's cohort then
+    stays on one device)."""
+    devices = config.parallel.devices
+    return len(jax.devices()) if devices == "all" else devices
 
 
 def _stack(trees: list[Any]) -> Any:
@@ -187,6 +201,9 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
     overrides the cohort's chunk size (default: a single run's, which also measured fastest under the members'
     vmap; docs/benchmarks.md)."""
     structure = _structure_config(members)
+    devices = sweep_devices(structure)
+    mesh = client_mesh(devices) if devices > 1 else None
+    structure = structure.model_copy(update={"parallel": structure.parallel.model_copy(update={"devices": 1})})
     experiment = build_experiment(structure)
     if cohort_chunk is not None:
         experiment = dataclasses.replace(experiment, plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
@@ -200,7 +217,7 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
             return init_loop_state(algorithm_at(member_inputs, jnp.zeros((), jnp.int32)), params, plan.num_clients,
                                    plan, member_inputs)
 
-        return map_cohort(one, member_chunk, keys, values)
+        return map_cohort(one, member_chunk, keys, values, mesh=mesh)
 
     @functools.partial(jax.jit, static_argnames="num_rounds")
     def run_rounds(states, keys, values, inputs, num_rounds):
@@ -209,7 +226,7 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
             return jax.lax.scan(lambda s, _: run_round(algorithm_at, plan, s, member_inputs), state, None,
                                 length=num_rounds)
 
-        return map_cohort(one, member_chunk, states, keys, values)
+        return map_cohort(one, member_chunk, states, keys, values, mesh=mesh)
 
     keys = jnp.stack([randomness.base_key(m.config.seed) for m in members])
     values = _stack([hyperparams.as_arrays(hyperparams.hyperparams(m.config)) for m in members])
