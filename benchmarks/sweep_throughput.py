@@ -68,8 +68,11 @@ def worker(way: str, seeds: int, rounds: int, reps: int) -> dict:
             jax.block_until_ready(state)
             compile_s += time.perf_counter() - start
 
-            def call(experiment=experiment, state=state):
-                jax.block_until_ready(experiment.run_rounds(state, experiment.inputs, num_rounds=rounds))
+            box = {"state": state}
+
+            def call(experiment=experiment, box=box):  # run_rounds donates the state it is given
+                box["state"], _ = jax.block_until_ready(experiment.run_rounds(box["state"], experiment.inputs,
+                                                                              num_rounds=rounds))
 
             steady.append(_time(call, reps))
         seconds = [sum(run[i] for run in steady) for i in range(reps)]

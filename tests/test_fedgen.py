@@ -36,7 +36,8 @@ def _run(algorithm, rounds=3):
     experiment = build_experiment(validate(raw))
     states, metrics = [experiment.initial_state()], []
     for _ in range(rounds):
-        state, m = experiment.run_rounds(states[-1], experiment.inputs, num_rounds=1)
+        state, m = experiment.run_rounds(jax.tree.map(jnp.copy, states[-1]), experiment.inputs,  # kept: not donated
+                                         num_rounds=1)
         states.append(state)
         metrics.append(m)
     return states[1:], jax.tree.map(lambda *m: np.concatenate(m), *metrics)

@@ -92,11 +92,10 @@ def test_a_step_decay_schedule_equals_its_two_phases_one_after_another():
 
 def test_a_new_hyperparameter_value_does_not_recompile():
     experiment = build_experiment(_config(algorithm={"name": "fedprox", "mu": 0.1}))
-    state = experiment.initial_state()
-    experiment.run_rounds(state, experiment.inputs, num_rounds=1)
+    experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=1)
     for mu in (0.0, 1.0):
         inputs = experiment.inputs._replace(hparams={**experiment.inputs.hparams, "algorithm.mu": jnp.float32(mu)})
-        experiment.run_rounds(state, inputs, num_rounds=1)
+        experiment.run_rounds(experiment.initial_state(), inputs, num_rounds=1)
     assert experiment.run_rounds._cache_size() == 1
 
 

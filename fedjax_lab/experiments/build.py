@@ -379,7 +379,7 @@ def build_experiment(config: Config) -> Experiment:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                            make_run_rounds(algorithm_at, plan), algorithm_at, train_evaluator, local_evaluator,
+                            make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, train_evaluator, local_evaluator,
                             dissimilarity_evaluator)
     check_memory(experiment)
     return experiment
