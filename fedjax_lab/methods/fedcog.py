@@ -172,7 +172,8 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
 
     return Component("fedcog", **keep_previous, prepare=prepare, batch=batch, loss_term=loss_term,
                      server_init=lambda variables: jnp.int32(0),
-                     after_step=lambda view, variables: (view.state + 1, variables, {}))
+                     after_step=lambda view, variables: (view.state + 1, variables, {}),
+                     sums=lambda messages, weights, cohort: ())  # counts rounds; reads no message
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -54,13 +54,16 @@ def online_balancing(schedule: LocalSchedule) -> Component:
         fraction = carry["count"] / jnp.maximum(result.stats.num_steps, 1)
         return merge_variables(carry["g"], split_variables(result.delta)[1], result.delta), fraction
 
+    def sums(messages, weights, cohort):
+        return jnp.sum(weights * messages["grab"])
+
     def aggregate(view: ServerView, mean_delta):
-        a_t = jnp.sum(view.weights * view.messages["grab"]) / jnp.sum(view.weights)
+        a_t = view.sums["grab"] / jnp.maximum(view.sums["weight"], 1e-12)
         params, model_state = split_variables(mean_delta)
         scaled = tree_scale(params, 1.0 / jnp.maximum(a_t, 1e-12))
         return merge_variables(scaled, model_state, mean_delta), {"grab_selected_fraction": a_t}
 
-    return Component("grab", running=running, send=send, aggregate=aggregate)
+    return Component("grab", running=running, send=send, aggregate=aggregate, sums=sums)
 
 
 def build(config, context) -> tuple[Component, ...]:
