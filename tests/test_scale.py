@@ -92,6 +92,21 @@ def test_streaming_bounds_the_compiled_memory_of_a_large_cohort():
     assert need["stacked"] - need["streaming"] > 30 * message, need
 
 
+def test_an_unset_chunk_is_sized_from_the_memory_budget(monkeypatch):
+    """As on an accelerator (whole cohort by default): the largest chunk whose compiled round fits the budget."""
+    from fedjax_lab.experiments import build
+
+    monkeypatch.setattr(build, "default_chunk_size", lambda *args: None)
+    raw = {**RAW, "dataset": {**RAW["dataset"], "num_clients": 64, "dimension": 100},
+           "model": {"name": "mlp", "hidden": [256, 256]}, "rounds": {"num_rounds": 2, "clients_per_round": 64}}
+    assert build.build_experiment(validate(raw)).plan.chunk_size is None  # fits whole
+    budget = 0.005 * 2**30
+    experiment = build.build_experiment(validate({**raw, "parallel": {"memory_budget_gb": 0.005}}))
+    chunk = experiment.plan.chunk_size
+    assert chunk is not None and 64 % chunk == 0
+    assert build._compiled_need(experiment, chunk) <= budget < build._compiled_need(experiment, 2 * chunk)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"dataset": {**RAW["dataset"], "num_clients": 16}, "algorithm": {"name": "scaffold"},
       "parallel": {"memory_budget_gb": 1e-6}}, r"dataset.num_clients=16: the population's per-client state"),

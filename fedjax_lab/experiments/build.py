@@ -379,8 +379,10 @@ def build_experiment(config: Config) -> Experiment:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
-                            make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, train_evaluator, local_evaluator,
-                            dissimilarity_evaluator)
+                            make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, train_evaluator,
+                            local_evaluator, dissimilarity_evaluator)
+    if config.rounds.chunk_size is None and cohort > 1:
+        experiment = fit_chunk_to_budget(experiment)
     check_memory(experiment)
     return experiment
 
@@ -403,6 +405,35 @@ def estimate_memory(experiment: Experiment) -> memory.StaticEstimate:
     return memory.static_estimate(state, experiment.inputs, message_shapes(experiment.algorithm, params,
                                                                           experiment.inputs),
                                   params, plan.num_clients, held, in_flight)
+
+
+def _compiled_need(experiment: Experiment, chunk_size: int | None) -> int:
+    plan = dataclasses.replace(experiment.plan, chunk_size=chunk_size)
+    run_rounds = make_run_rounds(experiment.algorithm_at, plan, donate=True)
+    lowered = run_rounds.lower(jax.eval_shape(experiment.initial_state), experiment.inputs, num_rounds=1)
+    return memory.compiled_estimate(lowered.compile())
+
+
+def fit_chunk_to_budget(experiment: Experiment, budget: int | None = None) -> Experiment:
+    """The experiment with ``rounds.chunk_size`` sized from the memory budget when it was left unset: the
+    default chunk (the whole share on an accelerator) if it fits, else the largest divisor of each device's share
+    that does. The fit is linear in the chunk, from XLA's memory analysis of rounds compiled (not run) with chunks
+    of 1 and 2; nothing is compiled when the shapes alone are well inside the budget."""
+    plan = experiment.plan
+    budget = memory_budget(experiment.config) if budget is None else budget
+    if estimate_memory(experiment).total <= budget / 4:
+        return experiment
+    share = plan.cohort_size // plan.num_devices
+    if _compiled_need(experiment, plan.chunk_size) <= budget or share == 1:
+        return experiment
+    one, two = _compiled_need(experiment, 1), _compiled_need(experiment, 2 if share % 2 == 0 else None)
+    per_client = (two - one) / (1 if share % 2 == 0 else share - 1)
+    fits = [c for c in range(1, share + 1) if share % c == 0 and one + (c - 1) * per_client <= budget]
+    if not fits:
+        return experiment  # check_memory refuses it, with the estimate
+    plan = dataclasses.replace(plan, chunk_size=max(fits))
+    return dataclasses.replace(experiment, plan=plan,
+                               run_rounds=make_run_rounds(experiment.algorithm_at, plan, donate=True))
 
 
 def check_memory(experiment: Experiment, budget: int | None = None) -> None:
