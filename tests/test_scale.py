@@ -22,6 +22,7 @@ from fedjax_lab.experiments.run_directory import read_metrics
 from fedjax_lab.experiments.runner import run_experiment
 from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.methods.feddyn import dynamic_regularization
+from fedjax_lab.methods.fedexp import extrapolation
 from fedjax_lab.methods.fednova import normalised_averaging
 from fedjax_lab.methods.scaffold import control_variates
 from fedjax_lab.methods.server_optimizers import fedavg_server
@@ -34,10 +35,10 @@ ROOT = WORKER.parent.parent
 
 def _components(classifier):
     return {"fedavg": (), "scaffold": (control_variates(),), "fednova": (normalised_averaging(),),
-            "feddyn": (dynamic_regularization(0.1),)}
+            "feddyn": (dynamic_regularization(0.1),), "fedexp": (extrapolation(1e-3),)}
 
 
-@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fednova", "feddyn"])
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fednova", "feddyn", "fedexp"])
 def test_streaming_aggregation_equals_stacked_aggregation(tiny_data, tiny_classifier, name):
     algorithm = fedavg(tiny_classifier, optax.sgd(0.1, momentum=0.9), fedavg_server(1.0),
                        LocalSchedule(4, local_steps=3), *_components(tiny_classifier)[name])
@@ -69,10 +70,11 @@ def test_streamed_server_update_sees_only_the_sums(tiny_data, tiny_classifier):
 
 
 def test_a_server_update_that_needs_every_message_keeps_the_stack(tiny_classifier):
-    from fedjax_lab.methods.fedexp import extrapolation
+    from fedjax_lab.engine import Component
 
+    reads_the_stack = Component("stack", aggregate=lambda view, mean: (view.messages["delta"], {}))
     algorithm = fedavg(tiny_classifier, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(4, local_steps=2),
-                       extrapolation(1e-3))
+                       reads_the_stack)
     assert algorithm.reduce is None
     assert not CohortPlan(12, 6, 2, aggregation="streaming").streams(algorithm)
 

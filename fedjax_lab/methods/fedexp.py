@@ -20,25 +20,44 @@ from fedjax_lab.engine.tree_math import tree_scale
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
+def extrapolation_sums(deltas, mask: jax.Array | None = None) -> dict[str, jax.Array]:
+    """The sums ``eta_g`` is made of, over the stacked deltas' trainable parameters of the clients in ``mask``
+    (default all): ``sum_k ||Delta_k||^2``, ``sum_k Delta_k`` and the count; additive over any split of the
+    cohort, so the round can stream them."""
+    params = split_variables(deltas)[0]
+    leaves = jax.tree.leaves(params)
+    mask = jnp.ones(leaves[0].shape[0], bool) if mask is None else mask
+    weight = mask.astype(jnp.float32)
+    squares = sum(jnp.sum(jnp.square(x).reshape(x.shape[0], -1), 1) for x in leaves)
+    return {"squares": jnp.sum(weight * squares), "count": jnp.sum(weight),
+            "total": jax.tree.map(lambda x: jnp.tensordot(weight, x, axes=1), params)}
+
+
+def step_from_sums(sums: dict[str, jax.Array], epsilon: float) -> jax.Array:
+    """FedExP's ``eta_g`` (Eq. 9) from :func:`extrapolation_sums`."""
+    m = jnp.maximum(sums["count"], 1.0)
+    mean_sq = sum(jnp.sum(jnp.square(x / m)) for x in jax.tree.leaves(sums["total"]))
+    return jnp.maximum(1.0, sums["squares"] / (2 * m * (mean_sq + epsilon)))
+
+
 def extrapolation_step(deltas, epsilon: float, mask: jax.Array | None = None) -> jax.Array:
     """FedExP's ``eta_g`` from the stacked client deltas (trainable parameters only) of the clients in ``mask``
-    (default all; masked-out deltas must be zero, as the asynchronous round makes them)."""
-    leaves = jax.tree.leaves(split_variables(deltas)[0])
-    m = jnp.sum(mask) if mask is not None else leaves[0].shape[0]
-    per_client = sum(jnp.sum(jnp.square(x).reshape(x.shape[0], -1), 1) for x in leaves)
-    mean_sq = sum(jnp.sum(jnp.square(jnp.sum(x, 0) / m)) for x in leaves)
-    return jnp.maximum(1.0, jnp.sum(per_client) / (2 * m * (mean_sq + epsilon)))
+    (default all)."""
+    return step_from_sums(extrapolation_sums(deltas, mask), epsilon)
 
 
 def extrapolation(epsilon: float = 1e-3) -> Component:
     """FedExP's change to the round: the averaged delta's trainable part is scaled by ``eta_g``."""
 
+    def sums(messages, weights, cohort):
+        return extrapolation_sums(messages["delta"], cohort_mask(cohort))
+
     def aggregate(view, mean_delta):
-        eta = extrapolation_step(view.messages["delta"], epsilon, cohort_mask(view.cohort))
+        eta = step_from_sums(view.sums["fedexp"], epsilon)
         params, model_state = split_variables(mean_delta)
         return merge_variables(tree_scale(params, eta), model_state, mean_delta), {"server_step": eta}
 
-    return Component("fedexp", aggregate=aggregate)
+    return Component("fedexp", aggregate=aggregate, sums=sums)
 
 
 def build(config, context) -> tuple[Component, ...]:
