@@ -104,6 +104,29 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("lowering", ["im2col", "banded"])
+@pytest.mark.parametrize("kernel, strides, padding", [(3, 2, 1), (1, 2, 0), (3, 1, 1), (3, 2, 0)])
+def test_strided_and_padded_lowerings_equal_xla_convolution(lowering, kernel, strides, padding):
+    x = jax.random.normal(jax.random.key(0), (2, 8, 7, 3))
+    conv = lambda lowering: Conv(4, (kernel, kernel), padding, lowering=lowering, strides=(strides, strides))
+    params = conv("xla").init(jax.random.key(1), x)
+    reference = jax.lax.conv_general_dilated(x, params["params"]["kernel"], (strides,) * 2, [(padding,) * 2] * 2,
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC")) + params["params"]["bias"]
+    np.testing.assert_allclose(conv("xla").apply(params, x), reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(conv(lowering).apply(params, x), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_resnet_lowerings_share_parameters_and_compute_the_same_function():
+    from fedjax_lab.models import resnet8
+
+    x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+    xla, im2col = resnet8(10, lowering="xla"), resnet8(10, lowering="im2col")
+    variables = xla.init(jax.random.key(1), x, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(im2col.init(jax.random.key(1), x, train=False))
+    np.testing.assert_allclose(im2col.apply(variables, x, train=False), xla.apply(variables, x, train=False),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_reshape_max_pool_equals_reduce_window_max_pool():
     import flax.linen as nn
 

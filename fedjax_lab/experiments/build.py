@@ -45,7 +45,8 @@ from fedjax_lab.models import augment
 
 def default_lowering(backend: str) -> str:
     """The convolution lowering when ``model.lowering`` is ``auto``: ``banded`` on CPU, where XLA's convolution
-    is slow for small CNNs, and XLA's own elsewhere (docs/benchmarks.md has the measurements)."""
+    is slow for small CNNs (``im2col`` for the ResNets), and XLA's own elsewhere (docs/benchmarks.md has the
+    measurements)."""
     return "banded" if backend == "cpu" else "xla"
 
 
@@ -62,7 +63,9 @@ def build_module(config: Config, dataset: FederatedDataset) -> nn.Module:
     if m.name == "char_rnn":
         return models.CharRNN(k, m.embed_dim, m.rnn_hidden)
     if m.name in ("resnet8", "resnet18"):
-        return getattr(models, m.name)(k, m.norm, m.groups)
+        # 3x3 kernels over 32 columns: the banded matrix would multiply ~10x the FLOPs; im2col multiplies 1x.
+        resnet_lowering = "im2col" if m.lowering == "auto" and lowering == "banded" else lowering
+        return getattr(models, m.name)(k, m.norm, m.groups, resnet_lowering)
     if m.name == "fedavg_cnn":
         return models.FedAvgCNN(k, m.padding, lowering)
     if m.name in ("simple_cnn", "bherd_cnn", "cnn3", "feddle_cnn"):

@@ -164,8 +164,9 @@ class ModelConfig(Section):
     padding: Literal["SAME", "VALID"] = Field("SAME", description="fedavg_cnn")
     norm: Literal["batch", "group", "none"] = Field("batch", description="resnet8, resnet18")
     groups: PositiveInt = Field(2, description="GroupNorm groups")
-    lowering: Literal["auto", "xla", "im2col", "banded"] = Field("auto", description="CNN convolutions (speed only); "
-                                                                   "auto: banded on CPU, xla elsewhere")
+    lowering: Literal["auto", "xla", "im2col", "banded"] = Field(
+        "auto", description="CNN and ResNet convolutions (speed only); auto: banded on CPU (im2col for ResNets), "
+                            "xla elsewhere")
     l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
     embed_dim: PositiveInt = Field(8, description="char_rnn")
     rnn_hidden: PositiveInt = Field(256, description="char_rnn")

@@ -31,15 +31,27 @@ def max_pool_2x2(x: jax.Array, padding: str = "VALID") -> jax.Array:
     return jnp.maximum(jnp.maximum(x[:, 0::2, 0::2], x[:, 1::2, 0::2]), jnp.maximum(x[:, 0::2, 1::2], x[:, 1::2, 1::2]))
 
 
-def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str) -> jax.Array:
-    """``[B, H', W', kh*kw*C]`` patches of a stride-1 convolution, built by slicing (rows ordered (kh, kw, C),
+def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str | int, strides: tuple[int, int] = (1, 1)
+           ) -> jax.Array:
+    """``[B, H', W', kh*kw*C]`` patches of a convolution, built by (strided) slicing (rows ordered (kh, kw, C),
     matching a Flax ``Conv`` kernel ``[kh, kw, C, F]`` reshaped to ``[kh*kw*C, F]``)."""
     kh, kw = kernel_size
-    if padding == "SAME":
-        x = same_padding(x, kernel_size)
-    out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-    patches = [x[:, i:i + out_h, j:j + out_w, :] for i in range(kh) for j in range(kw)]
+    sh, sw = strides
+    x = pad_input(x, kernel_size, padding)
+    out_h, out_w = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    patches = [x[:, i:i + (out_h - 1) * sh + 1:sh, j:j + (out_w - 1) * sw + 1:sw, :]
+               for i in range(kh) for j in range(kw)]
     return jnp.concatenate(patches, axis=-1)
+
+
+def pad_input(x: jax.Array, kernel_size: tuple[int, int], padding: str | int) -> jax.Array:
+    """``x`` padded so that a VALID convolution gives the ``padding`` one: ``'SAME'`` (stride-1 SAME),
+    ``'VALID'``, or ``p`` zeros on every side (as ``nn.Conv(padding=p)``)."""
+    if padding == "SAME":
+        return same_padding(x, kernel_size)
+    if isinstance(padding, int):
+        return jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    return x
 
 
 def same_padding(x: jax.Array, kernel_size: tuple[int, int]) -> jax.Array:
@@ -79,32 +91,40 @@ def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 
 class Conv(nn.Module):
-    """A stride-1 2-D convolution, ``[B, H, W, C] -> [B, H', W', features]``, with the parameters of
-    ``nn.Conv`` (``kernel [kh, kw, C, F]``, ``bias [F]``) and a choice of lowering:
+    """A 2-D convolution, ``[B, H, W, C] -> [B, H', W', features]``, with the parameters of ``nn.Conv``
+    (``kernel [kh, kw, C, F]``, ``bias [F]``) and a choice of lowering:
 
     * ``'xla'``: ``lax.conv_general_dilated`` (XLA's convolution);
-    * ``'im2col'``: patches by slicing, then one matrix product;
-    * ``'banded'``: :func:`banded_conv`, the fastest on CPU for small CNNs.
+    * ``'im2col'``: patches by slicing, then one matrix product; inside a ``lax.scan`` body on CPU this is
+      over 100 times faster than XLA's convolution for ResNet-18's 64-channel layers (docs/benchmarks.md);
+    * ``'banded'``: :func:`banded_conv`, the fastest on CPU for small CNNs (stride 1; strided convolutions fall
+      back to ``'im2col'``).
+
+    ``padding``: ``'SAME'`` (stride 1 only, XLA's), ``'VALID'``, or ``p`` zeros on every side.
     """
 
     features: int
     kernel_size: tuple[int, int]
-    padding: str = "SAME"
+    padding: str | int = "SAME"
     use_bias: bool = True
     lowering: ConvLowering = "xla"
     kernel_init: nn.initializers.Initializer = nn.linear.default_kernel_init
     bias_init: nn.initializers.Initializer = nn.initializers.zeros
+    strides: tuple[int, int] = (1, 1)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         kh, kw = self.kernel_size
+        if self.padding == "SAME" and self.strides != (1, 1):
+            raise ValueError("Conv: padding 'SAME' is for stride 1; give the padding as a number of zeros")
         kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
-        if self.lowering == "banded":
-            y = banded_conv(same_padding(x, self.kernel_size) if self.padding == "SAME" else x, kernel)
-        elif self.lowering == "im2col":
-            y = im2col(x, self.kernel_size, self.padding) @ kernel.reshape(-1, self.features)
+        if self.lowering == "banded" and self.strides == (1, 1):
+            y = banded_conv(pad_input(x, self.kernel_size, self.padding), kernel)
+        elif self.lowering in ("im2col", "banded"):
+            y = im2col(x, self.kernel_size, self.padding, self.strides) @ kernel.reshape(-1, self.features)
         else:
-            y = jax.lax.conv_general_dilated(x, kernel, (1, 1), self.padding,
+            padding = [(self.padding, self.padding)] * 2 if isinstance(self.padding, int) else self.padding
+            y = jax.lax.conv_general_dilated(x, kernel, self.strides, padding,
                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
         if self.use_bias:
             y = y + self.param("bias", self.bias_init, (self.features,))

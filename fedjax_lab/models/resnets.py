@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lab.models.layers import Norm, Normalization
+from fedjax_lab.models.layers import Conv, ConvLowering, Norm, Normalization
 from fedjax_lab.models.staged import StagedModel
 
 
@@ -29,10 +29,11 @@ class BasicBlock(nn.Module):
     stride: int = 1
     norm: Norm = "batch"
     groups: int = 2
+    lowering: ConvLowering = "xla"
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None) -> jax.Array:
-        conv = lambda f, k, s: nn.Conv(f, (k, k), (s, s), padding=k // 2, use_bias=False)
+        conv = lambda f, k, s: Conv(f, (k, k), k // 2, use_bias=False, lowering=self.lowering, strides=(s, s))
         h = nn.relu(Normalization(self.norm, self.groups)(conv(self.features, 3, self.stride)(x), train, mask))
         h = Normalization(self.norm, self.groups)(conv(self.features, 3, 1)(h), train, mask)
         if self.stride != 1 or x.shape[-1] != self.features:
@@ -48,16 +49,18 @@ class ResNet(StagedModel):
     blocks_per_stage: Sequence[int] = (2, 2, 2, 2)
     norm: Norm = "batch"
     groups: int = 2
+    lowering: ConvLowering = "xla"
 
     @property
     def stages(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("stem",) + tuple(f"layer{i + 1}" for i in range(len(self.widths))) + ("pool",)
 
     def setup(self):
-        self.stem_conv = nn.Conv(self.widths[0], (3, 3), padding=1, use_bias=False)
+        self.stem_conv = Conv(self.widths[0], (3, 3), 1, use_bias=False, lowering=self.lowering)
         self.stem_norm = Normalization(self.norm, self.groups)
         self.layers = [
-            [BasicBlock(width, stride=(2 if i > 0 and b == 0 else 1), norm=self.norm, groups=self.groups)
+            [BasicBlock(width, stride=(2 if i > 0 and b == 0 else 1), norm=self.norm, groups=self.groups,
+                        lowering=self.lowering)
              for b in range(count)]
             for i, (width, count) in enumerate(zip(self.widths, self.blocks_per_stage))]
         self.output = nn.Dense(self.num_classes)
@@ -75,11 +78,11 @@ class ResNet(StagedModel):
         return self.output(h)
 
 
-def resnet18(num_classes: int, norm: Norm = "batch", groups: int = 2) -> ResNet:
+def resnet18(num_classes: int, norm: Norm = "batch", groups: int = 2, lowering: ConvLowering = "xla") -> ResNet:
     """CIFAR ResNet-18 (see the module docstring)."""
-    return ResNet(num_classes, (64, 128, 256, 512), (2, 2, 2, 2), norm, groups)
+    return ResNet(num_classes, (64, 128, 256, 512), (2, 2, 2, 2), norm, groups, lowering)
 
 
-def resnet8(num_classes: int, norm: Norm = "batch", groups: int = 2) -> ResNet:
+def resnet8(num_classes: int, norm: Norm = "batch", groups: int = 2, lowering: ConvLowering = "xla") -> ResNet:
     """CIFAR ResNet-8 (6n+2, n=1; 16/32/64 channels)."""
-    return ResNet(num_classes, (16, 32, 64), (1, 1, 1), norm, groups)
+    return ResNet(num_classes, (16, 32, 64), (1, 1, 1), norm, groups, lowering)
