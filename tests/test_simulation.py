@@ -13,7 +13,7 @@ from fedjax_lab.engine.simulation import run_round
 
 def test_vmap_over_clients_equals_python_loop_over_clients(tiny_run):
     algorithm, plan, state, inputs = tiny_run
-    new_state, metrics = jax.jit(lambda s: run_round(algorithm, plan, s, inputs))(state)
+    new_state, _ = jax.jit(lambda s: run_round(algorithm, plan, s, inputs))(state)
 
     ids = sample_cohort(randomness.round_key(inputs.key, 0, randomness.Purpose.COHORT), plan.num_clients,
                         plan.cohort_size)
