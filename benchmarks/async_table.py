@@ -17,12 +17,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
+from table_runs import run_once
 
-from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,24 +41,13 @@ def run_name(method: str, alpha: float, sigma: int, seed: int) -> str:
 
 
 def run(runs: Path, method: str, alpha: float, sigma: int, seed: int) -> None:
-    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
+    """Runs one experiment unless it has finished or another copy of this script claimed it."""
     name = run_name(method, alpha, sigma, seed)
-    run_dir = runs / name
-    if (run_dir / "summary.json").is_file():
-        return
-    claim = runs / ".claims" / name.replace("/", "__")
-    claim.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        claim.open("x").close()
-    except FileExistsError:
-        return
-    start = time.perf_counter()
     config = load_config(CONFIG, [f"algorithm={{name: {method}}}", f"dataset.partition.alpha={alpha}",
                                   f"asynchrony.sigma={sigma}", f"seed={seed}"])
-    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
-    claim.unlink()
-    print(f"{name:<32} test acc {summary['final']['test_accuracy']:.4f} ({time.perf_counter() - start:.0f} s)",
-          flush=True)
+    done = run_once(runs, name, config)
+    if done:
+        print(f"{name:<32} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
 
 def paper_metric(run_dir: Path) -> tuple[float, float] | None:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from pathlib import Path
 
 import numpy as np
+from table_runs import run_once
 
 from fedjax_lab.data.report import load_partition
-from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,23 +67,12 @@ PARTS = {  # part: (config, cases, extra overrides)
 
 
 def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
-    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
-    run_dir = runs / name
-    if (run_dir / "summary.json").is_file():
-        return
-    claim = runs / ".claims" / name.replace("/", "__")
-    claim.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        claim.open("x").close()
-    except FileExistsError:
-        return
-    start = time.perf_counter()
-    config = load_config(CONFIGS / config_file, overrides)
-    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
-    claim.unlink()
-    print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
-          f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} "
-          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    """Runs one experiment unless it has finished or another copy of this script claimed it."""
+    done = run_once(runs, name, load_config(CONFIGS / config_file, overrides))
+    if done:
+        summary, seconds = done
+        print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
+              f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} ({seconds:.0f} s)", flush=True)
 
 
 def jobs(part: str, seeds, methods):

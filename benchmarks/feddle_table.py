@@ -25,12 +25,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
+from table_runs import datasets_on_disk, run_once, seeds_on_disk
 
-from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,21 +111,10 @@ def config_for(dataset: str, data: str) -> Path:
 
 
 def run(runs: Path, name: str, config: Path, overrides: list[str]) -> None:
-    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
-    run_dir = runs / name
-    if (run_dir / "summary.json").is_file():
-        return
-    claim = runs / ".claims" / name.replace("/", "__")
-    claim.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        claim.open("x").close()
-    except FileExistsError:
-        return
-    start = time.perf_counter()
-    summary = run_experiment(load_config(config, overrides), run_dir, overwrite=True, progress=False)
-    claim.unlink()
-    print(f"{name:<60} test acc {summary['final']['test_accuracy']:.4f} ({time.perf_counter() - start:.0f} s)",
-          flush=True)
+    """Runs one experiment unless it has finished or another copy of this script claimed it."""
+    done = run_once(runs, name, load_config(config, overrides))
+    if done:
+        print(f"{name:<60} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
 
 def table_jobs(datasets, alphas, sigmas, seeds, methods):
@@ -207,6 +196,9 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
              "subset. FedDF distils for 10 Adam steps of 64 a server step. A cell: paper | ours, the best of the last "
              "five evaluations, mean ± std over seeds " + ", ".join(map(str, seeds)) + "; '-' is not run.", ""]
     for dataset in datasets:
+        if not any((runs / dataset).glob("dir*")):
+            lines += study_report(runs, dataset, out, plt)
+            continue
         lines += [f"## Table 5, {dataset}", "",
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
@@ -312,7 +304,8 @@ def main() -> None:
             jobs += list(study_jobs(dataset, args.part))
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
-    report(runs, args.datasets, args.seeds, Path(args.out))
+    # One report for everything that has run, not only what this invocation asked for.
+    report(runs, datasets_on_disk(runs, PAPER), seeds_on_disk(runs, args.seeds), Path(args.out))
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from pathlib import Path
 
 import numpy as np
+from table_runs import datasets_on_disk, run_once, seeds_on_disk
 
-from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,22 +94,10 @@ def split_jobs(dataset: str):
 
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
-    """Runs one experiment unless it has finished before (or another copy of this script claimed it)."""
-    run_dir = runs / name
-    if (run_dir / "summary.json").is_file():
-        return
-    claim = runs / ".claims" / name.replace("/", "__")
-    claim.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        claim.open("x").close()
-    except FileExistsError:
-        return
-    start = time.perf_counter()
-    config = load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides)
-    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
-    claim.unlink()
-    print(f"{name:<52} best acc {summary['best_test_accuracy']:.4f} ({time.perf_counter() - start:.0f} s)",
-          flush=True)
+    """Runs one experiment unless it has finished or another copy of this script claimed it."""
+    done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides))
+    if done:
+        print(f"{name:<52} best acc {done[0]['best_test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
 
 def evaluations(run_dir: Path) -> list[dict] | None:
@@ -227,7 +215,8 @@ def main() -> None:
                 todo += list(split_jobs(dataset))
         for job in reversed(todo) if args.reverse else todo:
             run(runs, *job)
-    report(runs, args.datasets, args.seeds, Path(args.out))
+    # One report for everything that has run, not only what this invocation asked for.
+    report(runs, datasets_on_disk(runs, PAPER), seeds_on_disk(runs, args.seeds), Path(args.out))
 
 
 if __name__ == "__main__":

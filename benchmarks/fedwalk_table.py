@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from table_runs import run_once
 
-from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,20 +60,14 @@ PAPER100 = {  # Table 2, test accuracy (%), CIFAR-100: (Dir(0.01), IID)
 
 
 def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
-    """Runs one experiment unless it has finished before, and prints its result."""
+    """Runs one experiment unless it has finished before or another copy of this script claimed it, and prints
+    its result."""
     run_dir = runs / name
     start = time.perf_counter()
+    run_once(runs, name, load_config(CONFIGS / config_file, overrides))
     if not (run_dir / "summary.json").is_file():
-        claim = runs / ".claims" / name.replace("/", "__")
-        claim.parent.mkdir(parents=True, exist_ok=True)
-        try:  # several copies of this script may share the work; each run goes to the first that claims it
-            claim.open("x").close()
-        except FileExistsError:
-            print(f"{name:<40} claimed by another process ({claim}); skipped", flush=True)
-            return
-        config = load_config(CONFIGS / config_file, overrides)
-        run_experiment(config, run_dir, overwrite=True, progress=False)
-        claim.unlink()
+        print(f"{name:<40} claimed by another process; skipped", flush=True)
+        return
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = read_metrics(run_dir)
     print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
