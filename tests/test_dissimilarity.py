@@ -4,9 +4,10 @@ model, and the measurement inside a run, with the rounds-to-target summary."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_lab.engine.dissimilarity import dissimilarity, lower_mask
-from fedjax_lab.experiments import run_experiment, validate
+from fedjax_lab.experiments import ConfigError, build_experiment, run_experiment, validate
 from fedjax_lab.experiments.runner import rounds_to_target
 from fedjax_lab.models import SimpleCNN
 
@@ -53,3 +54,38 @@ def test_a_run_reports_the_dissimilarity_of_each_part_and_its_rounds_to_target(i
     assert summary["rounds_to_target"] == 0  # the evaluation before training already reaches 1%
     rows = [{"round": r, "test_accuracy": a} for r, a in ((0, 0.1), (10, 0.5), (20, 0.8), (30, 0.7))]
     assert rounds_to_target(rows, 0.75) == 20 and rounds_to_target(rows, 0.9) is None
+
+
+def _fedimpro_config(image_root, weight, **eval_fields):
+    return validate({
+        "dataset": {"name": "image_folder", "data_dir": str(image_root),
+                    "partition": {"name": "dirichlet", "num_clients": 6, "alpha": 0.3}},
+        "model": {"name": "simple_cnn"},
+        "algorithm": {"name": "fedavg", "plugins": [{"name": "fedimpro", "weight": weight,
+                                                     "weight_schedule": "constant"}]},
+        "client": {"batch_size": 8, "local_steps": 2, "learning_rate": 0.05},
+        "rounds": {"num_rounds": 2, "clients_per_round": 3},
+        "eval": {"every": 1, "per_client": False, "dissimilarity": 4, "dissimilarity_examples": 16, **eval_fields}})
+
+
+def test_the_counterfactual_is_the_other_objective_at_the_same_global_model(image_root):
+    changes = {"algorithm.plugins.fedimpro.weight": 0.0}
+    measured = build_experiment(_fedimpro_config(image_root, 1.0, dissimilarity_counterfactual=changes))
+    without = build_experiment(_fedimpro_config(image_root, 0.0))
+    state, _ = measured.run_rounds(measured.initial_state(), measured.inputs, num_rounds=1)
+    got = measured.dissimilarity_evaluator(state, measured.inputs)
+    expected = without.dissimilarity_evaluator(state, without.inputs)  # the same state, FedImpro's weight at 0
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[f"{key}_counterfactual"], value, rtol=1e-6)
+    # The sampled features reach only the upper part: the lower part's gradients are the same either way.
+    np.testing.assert_allclose(got["gradient_dissimilarity_lower"], got["gradient_dissimilarity_lower_counterfactual"],
+                               rtol=1e-6)
+    assert abs(got["gradient_dissimilarity_upper"] - got["gradient_dissimilarity_upper_counterfactual"]) > 1e-3 * abs(
+        got["gradient_dissimilarity_upper"])
+
+
+def test_a_counterfactual_of_an_unknown_hyper_parameter_or_without_a_measurement_is_refused(image_root):
+    with pytest.raises(ConfigError, match=r"eval.dissimilarity_counterfactual: \['algorithm.wieght'\].*allowed"):
+        build_experiment(_fedimpro_config(image_root, 1.0, dissimilarity_counterfactual={"algorithm.wieght": 0.0}))
+    with pytest.raises(ValueError, match="eval.dissimilarity_counterfactual needs eval.dissimilarity"):
+        _fedimpro_config(image_root, 1.0, dissimilarity=0, dissimilarity_counterfactual={"x": 0.0})

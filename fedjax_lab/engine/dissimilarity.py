@@ -11,6 +11,11 @@ and the rest):
 * ``gradient_dissimilarity_{lower,upper}``: ``sum_m p_m ||g_m - g||^2`` over that part;
 * ``gradient_dissimilarity_{lower,upper}_relative``: the same divided by ``||g||^2``.
 
+With a *counterfactual* the same clients take the same step a second time at the same global model with some
+hyper-parameters changed (FedImpro's sampled-feature weight set to 0, say), and the metrics come back again with
+the suffix ``_counterfactual``: the two objectives compared at the same parameters, where two runs would compare
+them along two trajectories.
+
 Nothing is aggregated and the loop state does not change.
 """
 
@@ -64,13 +69,23 @@ class DissimilarityEvaluator:
         probe's size as its local training.
       mask: :func:`lower_mask` of the model's trainable parameters.
       client_ids: the clients measured; ``chunk_size``: clients at once.
+      counterfactual_at: like ``probe_at``, with the counterfactual's hyper-parameters; its metrics are reported
+        with the suffix ``_counterfactual``.
     """
 
-    def __init__(self, probe_at: Callable, mask: Params, client_ids, chunk_size: int | None = None):
+    def __init__(self, probe_at: Callable, mask: Params, client_ids, chunk_size: int | None = None,
+                 counterfactual_at: Callable | None = None):
         ids = jnp.asarray(client_ids, jnp.int32)
 
         def evaluate(state: LoopState, inputs: RoundInputs) -> dict[str, jax.Array]:
-            algorithm: Algorithm = probe_at(inputs, state.round)
+            metrics = measure(probe_at, state, inputs)
+            if counterfactual_at is not None:
+                metrics.update({f"{k}_counterfactual": v
+                                for k, v in measure(counterfactual_at, state, inputs).items()})
+            return metrics
+
+        def measure(algorithm_at: Callable, state: LoopState, inputs: RoundInputs) -> dict[str, jax.Array]:
+            algorithm: Algorithm = algorithm_at(inputs, state.round)
             clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
                                  jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
             keys = jax.vmap(lambda i: randomness.client_key(inputs.key, state.round, i))(ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -299,6 +300,10 @@ def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: 
     method with one SGD step at rate 1 on ``eval.dissimilarity_examples`` rows as its local training."""
     if config.asynchrony is not None:
         raise ConfigError("eval.dissimilarity measures synchronous rounds; set asynchrony: null")
+    unknown = sorted(set(config.eval.dissimilarity_counterfactual) - set(hyperparams.hyperparams(config)))
+    if unknown:
+        raise ConfigError(f"eval.dissimilarity_counterfactual: {unknown} are not hyper-parameters of this run; "
+                          f"allowed: {sorted(hyperparams.hyperparams(config))}")
     client = config.client.model_copy(update={"optimizer": "sgd", "learning_rate": 1.0, "momentum": 0.0,
                                               "weight_decay": 0.0, "local_steps": 1, "local_epochs": None,
                                               "batch_size": config.eval.dissimilarity_examples})
@@ -309,12 +314,15 @@ def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: 
     ids = np.arange(min(config.eval.dissimilarity, dataset.num_clients))
     fixed = {"client.learning_rate": 1.0, "client.momentum": 0.0, "client.weight_decay": 0.0}
 
-    def probe_at(inputs: RoundInputs, round_index) -> Algorithm:
+    def probe_at(inputs: RoundInputs, round_index, changes: dict[str, float] | None = None) -> Algorithm:
         values = hyperparams.values_at(config, inputs.hparams, round_index)
         values.update({k: v for k, v in fixed.items() if k in values})  # not the run's (scheduled) client values
+        values.update({k: jnp.asarray(v, jnp.float32) for k, v in (changes or {}).items()})
         return build_algorithm(hyperparams.with_values(probe, values), classifier, dataset, inputs.key, probe)
 
-    return DissimilarityEvaluator(probe_at, mask, ids, chunk_size)
+    counterfactual = config.eval.dissimilarity_counterfactual
+    return DissimilarityEvaluator(probe_at, mask, ids, chunk_size,
+                                  functools.partial(probe_at, changes=counterfactual) if counterfactual else None)
 
 
 def build_experiment(config: Config) -> Experiment:

@@ -249,10 +249,21 @@ class EvalConfig(Section):
                                                     "at the global model, split into the model's lower and upper "
                                                     "parts (FedImpro's Theorem 4.2); 0: off")
     dissimilarity_examples: PositiveInt = Field(256, description="rows of each client the gradients are taken on")
+    dissimilarity_counterfactual: dict[str, float] = Field(
+        default_factory=dict, description="hyper-parameters (dotted paths, e.g. algorithm.weight) changed for a "
+                                          "second measurement at the same global model, reported with the suffix "
+                                          "_counterfactual ({algorithm.weight: 0}: FedImpro's clients without the "
+                                          "sampled features); needs eval.dissimilarity")
     split: str | None = Field(None, description="the model stage that ends the lower part (default: fedimpro's "
                                                 "split, else the middle stage)")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="the summary reports the first evaluated "
                                                                        "round reaching it (FedImpro's Table 2)")
+
+    @model_validator(mode="after")
+    def _counterfactual_needs_a_measurement(self):
+        if self.dissimilarity_counterfactual and not self.dissimilarity:
+            raise ValueError("eval.dissimilarity_counterfactual needs eval.dissimilarity (the clients measured) > 0")
+        return self
 
 
 class ParallelConfig(Section):
