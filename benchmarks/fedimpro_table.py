@@ -17,6 +17,7 @@ Usage::
     python benchmarks/fedimpro_table.py                                      # Fashion-MNIST, a = 0.1, E = 1, M = 10
     python benchmarks/fedimpro_table.py --settings all --datasets fashion_mnist cifar10
     python benchmarks/fedimpro_table.py --part splits                        # Table 3's trend, seed 0
+    python benchmarks/fedimpro_table.py --part counterfactual                # Theorem 4.2 at the same parameters
     python benchmarks/fedimpro_table.py --report
 """
 
@@ -40,6 +41,7 @@ SETTINGS = {  # name -> (label, overrides)
     "a0.1_E1_M100": ("a=0.1, E=1, M=100", ["dataset.partition.num_clients=100", "rounds.clients_per_round=10"]),
 }
 MEASURE = ["eval.dissimilarity=10", "eval.split=conv2", "eval.dissimilarity_examples=256"]
+COUNTERFACTUAL = "eval.dissimilarity_counterfactual={algorithm.weight: 0.0}"
 METHODS = {  # method -> (label, algorithm, extra overrides); learning rates of the paper's Table 5
     "fedavg": ("FedAvg", "{name: fedavg}", []),
     "fedprox": ("FedProx", "{name: fedprox, mu: 0.1}", []),
@@ -86,6 +88,13 @@ def jobs(datasets, settings, seeds, methods):
                     if method == "scaffold" and (dataset, setting) in SCAFFOLD_RATE:
                         overrides.append(f"client.learning_rate={SCAFFOLD_RATE[(dataset, setting)]}")
                     yield f"{dataset}/{setting}/{method}/seed{seed}", dataset, overrides
+
+
+def counterfactual_jobs(dataset: str, seeds):
+    """FedImpro's run measuring, at each evaluation, its clients' gradients with and without the sampled features
+    at the same global model (``eval.dissimilarity_counterfactual``)."""
+    for seed in seeds:
+        yield f"{dataset}/counterfactual/seed{seed}", dataset, [*MEASURE, f"seed={seed}", COUNTERFACTUAL]
 
 
 def split_jobs(dataset: str):
@@ -167,6 +176,7 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                       "| best accuracy (%) | " + " | ".join(
                           f"{100 * max(r['test_accuracy'] for r in g):.1f}" if g else "-"
                           for g in split_rows.values()) + " |", ""]
+        lines += counterfactual_report(runs, dataset, seeds, out, plt)
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
         drawn = False
         for method in ("fedavg", "fedimpro"):
@@ -192,13 +202,52 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
     print(f"wrote {out}")
 
 
+def counterfactual_report(runs: Path, dataset: str, seeds, out: Path, plt) -> list[str]:
+    """Theorem 4.2 at the same parameters: the upper part's dissimilarity of FedImpro's clients with the sampled
+    features (the run's objective) against without them, at each evaluation once the weight is on."""
+    measured = {s: [r for r in evaluations(runs / f"{dataset}/counterfactual/seed{s}") or []
+                    if "gradient_dissimilarity_upper_counterfactual" in r and r["round"] > 0] for s in seeds}
+    measured = {s: g for s, g in measured.items() if g}
+    if not measured:
+        return []
+    lines = [(f"## Upper-part gradient dissimilarity with and without the shared features, {dataset}, "
+             "a=0.1, E=1, M=10"), "",
+             ("Along FedImpro's run, at each evaluation after round 0, its 10 clients' one-step gradients on 256 "
+              "rows at the same global model, with the sampled features (the run's weight) and without (weight 0). "
+              "A ratio below 1 is the shrinkage Theorem 4.2 claims."), "",
+             ("| seed | evaluations | relative: mean ratio with / without | evaluations with a lower relative "
+              "value | absolute: mean ratio with / without |"), "|---|---|---|---|---|"]
+    for s, g in measured.items():
+        rel = np.array([r["gradient_dissimilarity_upper_relative"] / r["gradient_dissimilarity_upper_relative_counterfactual"]
+                        for r in g])
+        ab = np.array([r["gradient_dissimilarity_upper"] / r["gradient_dissimilarity_upper_counterfactual"] for r in g])
+        lines.append(f"| {s} | {len(g)} | {rel.mean():.3f} | {int(np.sum(rel < 1))} of {len(g)} | {ab.mean():.3f} |")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for s, g in measured.items():
+        rounds = [r["round"] for r in g]
+        for ax, suffix in zip(axes, ("_relative", "")):
+            line, = ax.plot(rounds, [r[f"gradient_dissimilarity_upper{suffix}"] for r in g], marker=".",
+                            label=f"with sampled features, seed {s}")
+            ax.plot(rounds, [r[f"gradient_dissimilarity_upper{suffix}_counterfactual"] for r in g], ls="--",
+                    color=line.get_color(), label=f"without (same parameters), seed {s}")
+    for ax, title in zip(axes, ("relative: sum p ||g_m - g||^2 / ||g||^2", "absolute: sum p ||g_m - g||^2")):
+        ax.set(title=f"{dataset}, upper part, {title}", xlabel="round", yscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    figure = f"fedimpro_counterfactual_{dataset}.png"
+    fig.savefig(out.parent / figure, dpi=110)
+    plt.close(fig)
+    return [*lines, "", f"![counterfactual dissimilarity, {dataset}]({figure})", ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(PAPER))
     parser.add_argument("--settings", nargs="+", default=["a0.1_E1_M10"], choices=[*SETTINGS, "all"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits"])
+    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "counterfactual"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedimpro"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedimpro_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
@@ -210,6 +259,9 @@ def main() -> None:
         todo = []
         if "table" in args.part:
             todo += list(jobs(args.datasets, settings, args.seeds, args.methods))
+        if "counterfactual" in args.part:
+            for dataset in args.datasets:
+                todo += list(counterfactual_jobs(dataset, args.seeds))
         if "splits" in args.part:
             for dataset in args.datasets:
                 todo += list(split_jobs(dataset))
