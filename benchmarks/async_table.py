@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import run_once
+from table_runs import collect, run_once
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -117,7 +117,7 @@ def main() -> None:
         jobs = [(m, a, s, seed) for seed in args.seeds for a in args.alphas for s in args.sigmas for m in args.methods]
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
-    report(runs, args.alphas, args.sigmas, args.seeds, Path(args.out))
+    report(collect(runs), args.alphas, args.sigmas, args.seeds, Path(args.out))
 
 
 if __name__ == "__main__":

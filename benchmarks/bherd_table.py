@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from table_runs import run_once
+from table_runs import collect, run_once
 
 from fedjax_lab.data.report import load_partition
 from fedjax_lab.experiments import load_config
@@ -321,8 +321,8 @@ def main() -> None:
             todo = list(jobs(part, args.seeds, args.methods))
             for name, config, overrides in (reversed(todo) if args.reverse else todo):
                 run(args.runs, name, config, overrides)
-            report(args.runs, args.seeds, args.out)
-    report(args.runs, args.seeds, args.out)
+            report(collect(args.runs), args.seeds, args.out)
+    report(collect(args.runs), args.seeds, args.out)
     print(f"wrote {args.out / 'bherd_results.md'}")
 
 

@@ -27,7 +27,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import datasets_on_disk, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, run_once, seeds_on_disk
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -194,7 +194,8 @@ def main() -> None:
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
     # One report for everything that has run, not only what this invocation asked for.
-    report(runs, datasets_on_disk(runs, DATASET_COLUMN), seeds_on_disk(runs, args.seeds), Path(args.out))
+    records = collect(runs)
+    report(records, datasets_on_disk(records, DATASET_COLUMN), seeds_on_disk(records, args.seeds), Path(args.out))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from table_runs import datasets_on_disk, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, run_once, seeds_on_disk
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -284,7 +284,8 @@ def main() -> None:
         for job in reversed(todo) if args.reverse else todo:
             run(runs, *job)
     # One report for everything that has run, not only what this invocation asked for.
-    report(runs, datasets_on_disk(runs, PAPER), seeds_on_disk(runs, args.seeds), Path(args.out))
+    records = collect(runs)
+    report(records, datasets_on_disk(records, PAPER), seeds_on_disk(records, args.seeds), Path(args.out))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from table_runs import run_once
+from table_runs import collect, run_once
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -66,7 +66,7 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     start = time.perf_counter()
     run_once(runs, name, load_config(CONFIGS / config_file, overrides))
     if not (run_dir / "summary.json").is_file():
-        print(f"{name:<40} claimed by another process; skipped", flush=True)
+        print(f"{name:<40} kept from before or claimed by another process; skipped", flush=True)
         return
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = read_metrics(run_dir)
@@ -132,7 +132,8 @@ def pretrained_jobs(seeds):
 
 
 def finished(runs: Path, jobs) -> dict:
-    """The finished runs among ``jobs`` (whoever ran them)."""
+    """The finished runs among ``jobs`` (whoever ran them), read from their kept records."""
+    runs = collect(runs)
     out = {}
     for name, _, _ in jobs:
         if (runs / name / "summary.json").is_file():

@@ -1,30 +1,66 @@
 """What the reproduction scripts (``benchmarks/*_table.py``) share: running each cell once, with several copies
-of a script sharing the work, and finding what has run.
+of a script sharing the work, keeping every finished run in the repository, and finding what has run.
 
-A run goes to ``<runs>/<name>``. It is skipped when its ``summary.json`` exists (it finished before) or when another
-copy of the script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run
-ends, also when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright
-leaves its claim behind, and ``rm -r <runs>/.claims`` clears it.
+A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, plots). When it finishes, its record (``KEPT``: the
+resolved config, the metrics, the summary, array metrics and the partition) is copied to
+``benchmarks/results/runs/<runs' folder name>/<name>``, which is committed: the reports read only these records, so
+a table regenerated in a later session, on a fresh clone, still covers every run made before.
+
+A run is skipped when its record or its ``summary.json`` exists (it finished before), or when another copy of the
+script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends, also
+when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright leaves its
+claim behind, and ``rm -r <runs>/.claims`` clears it.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from fedjax_lab.experiments import Config, run_experiment
 
+RECORDS = Path(__file__).resolve().parent / "results" / "runs"
+KEPT = ("config.yaml", "metrics.jsonl", "summary.json", "arrays", "partition.npz")
+
+
+def records_of(runs: Path) -> Path:
+    """The committed records of the runs under ``runs``: ``benchmarks/results/runs/<runs.name>``."""
+    return RECORDS / Path(runs).name
+
+
+def keep(run_dir: Path, record: Path) -> None:
+    """Copies a finished run's record (``KEPT``) from ``run_dir`` to ``record``."""
+    record.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        source = run_dir / name
+        if source.is_dir():
+            shutil.copytree(source, record / name, dirs_exist_ok=True)
+        elif source.is_file():
+            shutil.copy2(source, record / name)
+
+
+def collect(runs: Path) -> Path:
+    """Keeps the record of every finished run under ``runs`` not kept yet (runs made by an older script or
+    copied in by hand), and returns the folder of records the reports read."""
+    records = records_of(runs)
+    for summary in Path(runs).glob("**/summary.json"):
+        name = summary.parent.relative_to(runs)
+        if not (records / name / "summary.json").is_file():
+            keep(summary.parent, records / name)
+    return records
+
 
 def run_once(runs: Path, name: str, config: Config) -> tuple[dict[str, Any], float] | None:
-    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it.
+    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its record.
 
     Returns:
       ``(summary, seconds)`` of a run made now, or None when it was skipped.
     """
     run_dir = runs / name
-    if (run_dir / "summary.json").is_file():
+    if (run_dir / "summary.json").is_file() or (records_of(runs) / name / "summary.json").is_file():
         return None
     claim = runs / ".claims" / name.replace("/", "__")
     claim.parent.mkdir(parents=True, exist_ok=True)
@@ -35,6 +71,7 @@ def run_once(runs: Path, name: str, config: Config) -> tuple[dict[str, Any], flo
     start = time.perf_counter()
     try:
         summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+        keep(run_dir, records_of(runs) / name)
     finally:
         claim.unlink(missing_ok=True)
     return summary, time.perf_counter() - start

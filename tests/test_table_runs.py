@@ -1,0 +1,54 @@
+"""The reproduction scripts keep every finished run's record in the repository and never run a kept cell again."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import table_runs  # noqa: E402
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    monkeypatch.setattr(table_runs, "RECORDS", tmp_path / "records")
+    return tmp_path / "records"
+
+
+def fake_run(run_dir: Path, accuracy: float) -> None:
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "big").write_bytes(b"0" * 1000)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 5, "test_accuracy": accuracy}) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({"best_test_accuracy": accuracy}))
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+
+
+def test_collect_keeps_the_record_of_finished_runs_without_checkpoints(tmp_path, records):
+    runs = tmp_path / "fedimpro"
+    fake_run(runs / "a/fedavg/seed0", 0.8)
+    (runs / "a/fedavg/seed1").mkdir(parents=True)  # unfinished: no summary, not kept
+    kept = table_runs.collect(runs)
+    assert kept == records / "fedimpro"
+    assert sorted(p.name for p in (kept / "a/fedavg/seed0").iterdir()) == ["config.yaml", "metrics.jsonl",
+                                                                         "summary.json"]
+    assert not (kept / "a/fedavg/seed1").exists()
+    assert table_runs.seeds_on_disk(kept, [7]) == [0]
+
+
+def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):
+    runs = tmp_path / "fedimpro"
+    fake_run(runs / "a/fedavg/seed0", 0.8)
+    table_runs.collect(runs)
+    fresh = tmp_path / "fresh" / "fedimpro"  # a new checkout: no run folders, the records committed
+    # The config is never looked at: a kept cell returns before running.
+    assert table_runs.run_once(fresh, "a/fedavg/seed0", config=None) is None
+    assert not (fresh / ".claims" / "a__fedavg__seed0").exists()
+
+
+def test_a_claimed_cell_is_skipped_and_its_claim_left_to_its_owner(tmp_path, records):
+    runs = tmp_path / "fedimpro"
+    (runs / ".claims").mkdir(parents=True)
+    (runs / ".claims" / "a__fedavg__seed0").touch()
+    assert table_runs.run_once(runs, "a/fedavg/seed0", config=None) is None
+    assert (runs / ".claims" / "a__fedavg__seed0").exists()
