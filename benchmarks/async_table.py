@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-from table_runs import collect, run_once
+from table_runs import collect, evaluations, run_once
+from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "async" / "cpu_fashion_mnist.yaml"
@@ -52,16 +51,10 @@ def run(runs: Path, method: str, alpha: float, sigma: int, seed: int) -> None:
 
 def paper_metric(run_dir: Path) -> tuple[float, float] | None:
     """(best of the last five evaluations, final accuracy), in %; ``None`` for an unfinished run."""
-    if not (run_dir / "summary.json").is_file():
+    if (rows := evaluations(run_dir)) is None:
         return None
-    accuracies = [r["test_accuracy"] for r in read_metrics(run_dir) if "test_accuracy" in r]
+    accuracies = [r["test_accuracy"] for r in rows]
     return 100 * max(accuracies[-5:]), 100 * accuracies[-1]
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{np.mean(values):.1f} ± {np.std(values):.1f}" + ("" if len(values) > 1 else " (1 seed)")
 
 
 def report(runs: Path, alphas, sigmas, seeds, out: Path) -> None:

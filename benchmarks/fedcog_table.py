@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-from table_runs import collect, datasets_on_disk, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 START = 20  # FedCOG's start round at this scale (the paper: 50)
@@ -119,17 +118,8 @@ def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
 
 def final_accuracy(run_dir: Path) -> float | None:
     """The last evaluation's test accuracy in %, ``None`` for an unfinished run."""
-    if not (run_dir / "summary.json").is_file():
-        return None
-    return 100 * [r["test_accuracy"] for r in read_metrics(run_dir) if "test_accuracy" in r][-1]
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.1f} (1 seed)"
-    return f"{np.mean(values):.1f}±{np.std(values):.1f}"
+    rows = evaluations(run_dir)
+    return None if rows is None else 100 * rows[-1]["test_accuracy"]
 
 
 def accuracies(runs: Path, name: str, seeds) -> list[float]:

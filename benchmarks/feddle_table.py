@@ -28,7 +28,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, datasets_on_disk, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -164,16 +165,10 @@ def trend_run(dataset: str, study: str, data: str, value) -> str:
 
 def paper_metric(run_dir: Path) -> tuple[float, float] | None:
     """(best of the last five evaluations, final accuracy), in %; ``None`` for an unfinished run."""
-    if not (run_dir / "summary.json").is_file():
+    if (rows := evaluations(run_dir)) is None:
         return None
-    accuracies = [r["test_accuracy"] for r in read_metrics(run_dir) if "test_accuracy" in r]
+    accuracies = [r["test_accuracy"] for r in rows]
     return 100 * max(accuracies[-5:]), 100 * accuracies[-1]
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{np.mean(values):.1f}±{np.std(values):.1f}" + ("" if len(values) > 1 else " (1 seed)")
 
 
 def series(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -28,10 +28,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, datasets_on_disk, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {  # name -> (label, overrides)
@@ -110,20 +110,6 @@ def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
     done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides))
     if done:
         print(f"{name:<52} best acc {done[0]['best_test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
-
-
-def evaluations(run_dir: Path) -> list[dict] | None:
-    if not (run_dir / "summary.json").is_file():
-        return None
-    return [r for r in read_metrics(run_dir) if "test_accuracy" in r]
-
-
-def cell(values: list[float], digits: int = 1) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f} (1 seed)"
-    return f"{np.mean(values):.{digits}f}±{np.std(values):.{digits}f}"
 
 
 def report(runs: Path, datasets, seeds, out: Path) -> None:

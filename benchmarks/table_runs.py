@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedjax_lab.experiments import Config, run_experiment
+from fedjax_lab.experiments.run_directory import read_metrics
 
 RECORDS = Path(__file__).resolve().parent / "results" / "runs"
 KEPT = ("config.yaml", "metrics.jsonl", "summary.json", "arrays", "partition.npz")
@@ -88,3 +91,20 @@ def seeds_on_disk(runs: Path, default: list[int]) -> list[int]:
 def datasets_on_disk(runs: Path, known) -> list[str]:
     """The datasets of ``known`` (in its order) with a folder of runs under ``runs``."""
     return [d for d in known if (runs / d).is_dir()]
+
+
+def evaluations(run_dir: Path) -> list[dict[str, Any]] | None:
+    """The metrics rows of a finished run that hold a test evaluation, in round order; None if it has not
+    finished."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    return [r for r in read_metrics(run_dir) if "test_accuracy" in r]
+
+
+def mean_std(values: list[float], sep: str = "±") -> str:
+    """A table cell: ``mean±std`` over seeds, the value and "(1 seed)" for one, "-" for none."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.1f} (1 seed)"
+    return f"{np.mean(values):.1f}{sep}{np.std(values):.1f}"
