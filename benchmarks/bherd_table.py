@@ -27,13 +27,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
 import numpy as np
+import table_runs
 from table_runs import collect, run_once
 
-from fedjax_lab.data.report import load_partition
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
@@ -210,14 +211,14 @@ def exclusion(run_dir: Path, last: int = 20) -> tuple[float, float] | None:
     """Over the last ``last`` rounds of a BHerd run, the fractions of the clients' steps whose batch was never sent
     and always sent (a fixed batch order puts the same batch at the same step every round); ``None`` without
     selection maps."""
-    if not (run_dir / "summary.json").is_file() or "bherd_selected" not in (arrays := read_arrays(run_dir)):
+    if not (run_dir / table_runs.SIZES).is_file() or "bherd_selected" not in (arrays := read_arrays(run_dir)):
         return None
     ids, selected = arrays["bherd_client_ids"][-last:], arrays["bherd_selected"][-last:]
     counts = np.zeros((ids.max() + 1, selected.shape[-1]))
     np.add.at(counts, ids, selected)
-    rows, _ = load_partition(run_dir / "partition.npz")
+    sizes = json.loads((run_dir / table_runs.SIZES).read_text())
     batch = load_config(run_dir / "config.yaml").client.batch_size
-    tau = np.array([max(len(r) // batch, 1) for r in rows])  # E = 1, remainders dropped
+    tau = np.array([max(n // batch, 1) for n in sizes])  # E = 1, remainders dropped
     valid = np.arange(selected.shape[-1])[None, :] < tau[:, None]
     return float(((counts == 0) & valid).sum() / valid.sum()), float(((counts == last) & valid).sum() / valid.sum())
 

@@ -2,7 +2,7 @@
 of a script sharing the work, keeping every finished run in the repository, and finding what has run.
 
 A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, plots). When it finishes, its record (``KEPT``: the
-resolved config, the metrics, the summary, array metrics and the partition) is copied to
+resolved config, the metrics, the summary, array metrics, and each client's number of rows) is copied to
 ``benchmarks/results/runs/<runs' folder name>/<name>``, which is committed: the reports read only these records, so
 a table regenerated in a later session, on a fresh clone, still covers every run made before.
 
@@ -14,6 +14,7 @@ claim behind, and ``rm -r <runs>/.claims`` clears it.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -22,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_lab.data.report import load_partition
 from fedjax_lab.experiments import Config, run_experiment
 from fedjax_lab.experiments.run_directory import read_metrics
 
 RECORDS = Path(__file__).resolve().parent / "results" / "runs"
-KEPT = ("config.yaml", "metrics.jsonl", "summary.json", "arrays", "partition.npz")
+KEPT = ("config.yaml", "metrics.jsonl", "summary.json", "arrays")
+SIZES = "client_sizes.json"  # kept in place of the partition (~250 KB a run): the rows of each client
 
 
 def records_of(runs: Path) -> Path:
@@ -43,6 +46,9 @@ def keep(run_dir: Path, record: Path) -> None:
             shutil.copytree(source, record / name, dirs_exist_ok=True)
         elif source.is_file():
             shutil.copy2(source, record / name)
+    if (run_dir / "partition.npz").is_file():
+        rows, _ = load_partition(run_dir / "partition.npz")
+        (record / SIZES).write_text(json.dumps([len(r) for r in rows]) + "\n")
 
 
 def collect(runs: Path) -> Path:

@@ -4,10 +4,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fedjax_lab.data.report import save_partition
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import table_runs  # noqa: E402
+import table_runs
 
 
 @pytest.fixture
@@ -22,6 +25,7 @@ def fake_run(run_dir: Path, accuracy: float) -> None:
     (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 5, "test_accuracy": accuracy}) + "\n")
     (run_dir / "summary.json").write_text(json.dumps({"best_test_accuracy": accuracy}))
     (run_dir / "config.yaml").write_text("seed: 0\n")
+    save_partition(run_dir / "partition.npz", [np.arange(3), np.arange(3, 8)], {})
 
 
 def test_collect_keeps_the_record_of_finished_runs_without_checkpoints(tmp_path, records):
@@ -30,8 +34,9 @@ def test_collect_keeps_the_record_of_finished_runs_without_checkpoints(tmp_path,
     (runs / "a/fedavg/seed1").mkdir(parents=True)  # unfinished: no summary, not kept
     kept = table_runs.collect(runs)
     assert kept == records / "fedimpro"
-    assert sorted(p.name for p in (kept / "a/fedavg/seed0").iterdir()) == ["config.yaml", "metrics.jsonl",
-                                                                         "summary.json"]
+    assert sorted(p.name for p in (kept / "a/fedavg/seed0").iterdir()) == [
+        "client_sizes.json", "config.yaml", "metrics.jsonl", "summary.json"]
+    assert json.loads((kept / "a/fedavg/seed0/client_sizes.json").read_text()) == [3, 5]
     assert not (kept / "a/fedavg/seed1").exists()
     assert table_runs.seeds_on_disk(kept, [7]) == [0]
 
