@@ -18,6 +18,7 @@ Usage::
     python benchmarks/fedimpro_table.py --settings all --datasets fashion_mnist cifar10
     python benchmarks/fedimpro_table.py --part splits                        # Table 3's trend, seed 0
     python benchmarks/fedimpro_table.py --part counterfactual                # Theorem 4.2 at the same parameters
+    python benchmarks/fedimpro_table.py --part variants --seeds 0            # which of its code's choices matter
     python benchmarks/fedimpro_table.py --report
 """
 
@@ -72,6 +73,15 @@ PAPER = {  # Table 1 (best accuracy) and Table 2 (rounds to target): dataset -> 
         "a0.1_E1_M100": {"fedavg": (90.12, 375), "fedprox": (90.39, 470), "scaffold": (88.24, None),
                          "fednova": (90.40, 317), "fedimpro": (90.98, 441)}},
 }
+VARIANTS = {  # run folder -> (label, overrides): which of its code's choices carries FedImpro's effect
+    "paper": (("the paper's Alg. 1: a sampled feature a real row, with its label, from the broadcast statistics, "
+               "weight 1 throughout, spreads uncapped"),
+              ["algorithm.labels=batch", "algorithm.source=global", "algorithm.weight_schedule=constant",
+               "algorithm.spread_cap=null"]),
+    "uncapped": ("its code, spreads uncapped", ["algorithm.spread_cap=null"]),
+    "global": ("its code, sampling from the broadcast statistics", ["algorithm.source=global"]),
+    "half_weight": ("its code, the weight ramping to 0.5 at mid-run (1 at the end)", ["algorithm.weight=0.5"]),
+}
 SPLITS = {"conv1": "after conv1", "conv2": "after conv2 (default)", "fc1": "after fc1", "fc2": "after fc2 (features)"}
 PAPER_SPLITS = "5th 87.64, 9th 88.45 (default), 13th 87.86, 17th 84.08 (ResNet-18, CIFAR-10)"
 
@@ -98,6 +108,12 @@ def counterfactual_jobs(dataset: str, seeds):
     for seed in seeds:
         for variant, overrides in CAPS.items():
             yield f"{dataset}/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", COUNTERFACTUAL, *overrides]
+
+
+def variant_jobs(dataset: str, seeds):
+    for seed in seeds:
+        for variant, (_, overrides) in VARIANTS.items():
+            yield f"{dataset}/variants/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", *overrides]
 
 
 def split_jobs(dataset: str):
@@ -165,6 +181,7 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                       "| best accuracy (%) | " + " | ".join(
                           f"{100 * max(r['test_accuracy'] for r in g):.1f}" if g else "-"
                           for g in split_rows.values()) + " |", ""]
+        lines += variants_report(runs, dataset, seeds)
         lines += counterfactual_report(runs, dataset, seeds, out, plt)
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
         drawn = False
@@ -189,6 +206,24 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         plt.close(fig)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
+
+
+def variants_report(runs: Path, dataset: str, seeds) -> list[str]:
+    """FedImpro with one of its code's choices changed (``VARIANTS``) beside FedAvg and its default, a=0.1, E=1,
+    M=10: best test accuracy per seed."""
+    rows = {"FedAvg": f"{dataset}/a0.1_E1_M10/fedavg", "FedImpro (its code; the default)":
+            f"{dataset}/a0.1_E1_M10/fedimpro", **{label: f"{dataset}/variants/{v}" for v, (label, _) in
+                                                   VARIANTS.items()}}
+    best = {label: {s: 100 * max(r["test_accuracy"] for r in g) for s in seeds
+                    if (g := evaluations(runs / f"{name}/seed{s}"))} for label, name in rows.items()}
+    shown = [s for s in seeds if any(s in best[label] for label, _ in VARIANTS.values())]
+    if not shown:
+        return []
+    return [f"## Which of its code's choices matter, {dataset}, a=0.1, E=1, M=10", "",
+            "Best test accuracy (%) by seed.", "", "| run | " + " | ".join(f"seed {s}" for s in shown) + " |",
+            "|---|" + "---:|" * len(shown),
+            *(f"| {label} | " + " | ".join(f"{b[s]:.1f}" if s in b else "-" for s in shown) + " |"
+              for label, b in best.items()), ""]
 
 
 def counterfactual_report(runs: Path, dataset: str, seeds, out: Path, plt) -> list[str]:
@@ -249,7 +284,7 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["a0.1_E1_M10"], choices=[*SETTINGS, "all"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "counterfactual"])
+    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "variants", "counterfactual"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedimpro"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedimpro_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
@@ -264,6 +299,9 @@ def main() -> None:
         if "counterfactual" in args.part:
             for dataset in args.datasets:
                 todo += list(counterfactual_jobs(dataset, args.seeds))
+        if "variants" in args.part:
+            for dataset in args.datasets:
+                todo += list(variant_jobs(dataset, args.seeds))
         if "splits" in args.part:
             for dataset in args.datasets:
                 todo += list(split_jobs(dataset))
