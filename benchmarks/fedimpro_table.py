@@ -19,6 +19,7 @@ Usage::
     python benchmarks/fedimpro_table.py --part splits                        # Table 3's trend, seed 0
     python benchmarks/fedimpro_table.py --part counterfactual                # Theorem 4.2 at the same parameters
     python benchmarks/fedimpro_table.py --part variants --seeds 0            # which of its code's choices matter
+    python benchmarks/fedimpro_table.py --part resnet8 --datasets cifar10 --seeds 0   # a normalised split
     python benchmarks/fedimpro_table.py --report
 """
 
@@ -82,6 +83,7 @@ VARIANTS = {  # run folder -> (label, overrides): which of its code's choices ca
     "global": ("its code, sampling from the broadcast statistics", ["algorithm.source=global"]),
     "half_weight": ("its code, the weight ramping to 0.5 at mid-run (1 at the end)", ["algorithm.weight=0.5"]),
 }
+NORMALISED = ["model.name=resnet8", "algorithm.split=layer2", "eval.split=layer2"]  # BatchNorm before the split
 SPLITS = {"conv1": "after conv1", "conv2": "after conv2 (default)", "fc1": "after fc1", "fc2": "after fc2 (features)"}
 PAPER_SPLITS = "5th 87.64, 9th 88.45 (default), 13th 87.86, 17th 84.08 (ResNet-18, CIFAR-10)"
 
@@ -114,6 +116,16 @@ def variant_jobs(dataset: str, seeds):
     for seed in seeds:
         for variant, (_, overrides) in VARIANTS.items():
             yield f"{dataset}/variants/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", *overrides]
+
+
+def normalised_jobs(dataset: str, seeds):
+    """FedAvg and FedImpro on ResNet-8 (BatchNorm) split after layer2: does a normalised split keep FedImpro's
+    features from shrinking?"""
+    for seed in seeds:
+        for method in ("fedavg", "fedimpro"):
+            algorithm = ["algorithm={name: fedavg}"] if method == "fedavg" else []
+            yield (f"{dataset}/resnet8/{method}/seed{seed}", dataset,
+                   [*MEASURE, f"seed={seed}", *NORMALISED, *algorithm])
 
 
 def split_jobs(dataset: str):
@@ -213,7 +225,9 @@ def variants_report(runs: Path, dataset: str, seeds) -> list[str]:
     M=10: best test accuracy per seed."""
     rows = {"FedAvg": f"{dataset}/a0.1_E1_M10/fedavg", "FedImpro (its code; the default)":
             f"{dataset}/a0.1_E1_M10/fedimpro", **{label: f"{dataset}/variants/{v}" for v, (label, _) in
-                                                   VARIANTS.items()}}
+                                                   VARIANTS.items()},
+            "FedAvg, ResNet-8 (BatchNorm)": f"{dataset}/resnet8/fedavg",
+            "FedImpro, ResNet-8 (BatchNorm) split after layer2": f"{dataset}/resnet8/fedimpro"}
     best = {label: {s: 100 * max(r["test_accuracy"] for r in g) for s in seeds
                     if (g := evaluations(runs / f"{name}/seed{s}"))} for label, name in rows.items()}
     shown = [s for s in seeds if any(s in best[label] for label, _ in VARIANTS.values())]
@@ -284,7 +298,7 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["a0.1_E1_M10"], choices=[*SETTINGS, "all"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "variants", "counterfactual"])
+    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "variants", "resnet8", "counterfactual"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedimpro"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedimpro_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
@@ -302,6 +316,9 @@ def main() -> None:
         if "variants" in args.part:
             for dataset in args.datasets:
                 todo += list(variant_jobs(dataset, args.seeds))
+        if "resnet8" in args.part:
+            for dataset in args.datasets:
+                todo += list(normalised_jobs(dataset, args.seeds))
         if "splits" in args.part:
             for dataset in args.datasets:
                 todo += list(split_jobs(dataset))
