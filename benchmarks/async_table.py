@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from table_runs import collect, evaluations, run_once
+from table_runs import collect, evaluations, run_once, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -90,8 +90,8 @@ def report(runs: Path, alphas, sigmas, seeds, out: Path) -> None:
     if all((d / "summary.json").is_file() for d in staleness):
         plot_staleness(staleness, out.parent / "async_staleness.png", [f"Dir({a}), N({s})" for a, s in columns])
         lines += ["", "![arrivals and staleness](async_staleness.png)"]
-    out.write_text("\n".join(lines + finals) + "\n")
-    print(f"wrote {out}")
+    written = write_report(out, "\n".join(lines + finals) + "\n")
+    print(f"wrote {written}")
 
 
 def main() -> None:

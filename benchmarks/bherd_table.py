@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import table_runs
-from table_runs import collect, run_once
+from table_runs import collect, run_once, write_report
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
@@ -257,7 +257,7 @@ def plot_selection(runs: Path, out: Path) -> None:
     plt.close(fig)
 
 
-def report(runs: Path, seeds, out_dir: Path) -> None:
+def report(runs: Path, seeds, out_dir: Path) -> Path:
     methods = list(METHODS)
     intro = ("Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). Each cell "
              "is the mean ± standard deviation over the seeds listed; a seed changes the batch orders (and the CNN's "
@@ -304,7 +304,7 @@ def report(runs: Path, seeds, out_dir: Path) -> None:
     plot_selection(runs, out_dir / "bherd_selection.png")
     lines += ["![alpha sweep](bherd_alpha.png)", "", "## Selection maps and distances (Fig. 4a-d, seed 0)", "",
               "![selected steps and distance to the mean](bherd_selection.png)", ""]
-    (out_dir / "bherd_results.md").write_text("\n".join(lines))
+    return write_report(out_dir / "bherd_results.md", "\n".join(lines))
 
 
 def main() -> None:
@@ -323,8 +323,7 @@ def main() -> None:
             for name, config, overrides in (reversed(todo) if args.reverse else todo):
                 run(args.runs, name, config, overrides)
             report(collect(args.runs), args.seeds, args.out)
-    report(collect(args.runs), args.seeds, args.out)
-    print(f"wrote {args.out / 'bherd_results.md'}")
+    print(f"wrote {report(collect(args.runs), args.seeds, args.out)}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -158,8 +158,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                     ours.append(f"{cell(plain)} | {cell(plugged)}")
                 lines.append(f"| ours {niid.upper()} | " + " | ".join(ours) + " |")
             lines.append("")
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    written = write_report(out, "\n".join(lines) + "\n")
+    print(f"wrote {written}")
 
 
 def main() -> None:

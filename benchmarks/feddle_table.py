@@ -28,7 +28,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -225,8 +225,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
             plt.close(fig)
             lines += [f"![negative coefficients]({figure.name})", ""]
         lines += study_report(runs, dataset, out, plt)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    written = write_report(out, "\n".join(lines) + "\n")
+    print(f"wrote {written}")
 
 
 def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:

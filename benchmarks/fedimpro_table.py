@@ -30,7 +30,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk
+from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -216,8 +216,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
             fig.savefig(out.parent / f"fedimpro_dissimilarity_{dataset}.png", dpi=110)
             lines += [f"![gradient dissimilarity, {dataset}](fedimpro_dissimilarity_{dataset}.png)", ""]
         plt.close(fig)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    written = write_report(out, "\n".join(lines) + "\n")
+    print(f"wrote {written}")
 
 
 def variants_report(runs: Path, dataset: str, seeds) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from table_runs import collect, run_once
+from table_runs import write_report as write_markdown
 
 from fedjax_lab.experiments import load_config
 from fedjax_lab.experiments.run_directory import read_metrics
@@ -218,7 +219,7 @@ def write_report(results: dict, args) -> None:
             lines.append(f"| pre-trained + {m} | {len(summaries)} | "
                          f"{mean_std([x['final']['test_accuracy'] for x in summaries])} | "
                          f"{mean_std([x['best_test_accuracy'] for x in summaries])} |")
-    (out / "fedwalk_results.md").write_text("\n".join(lines) + "\n")
+    write_markdown(out / "fedwalk_results.md", "\n".join(lines) + "\n")
     plot_sweep(results, out / "fedwalk_tau.png")
 
 

@@ -114,3 +114,46 @@ def mean_std(values: list[float], sep: str = "±") -> str:
     if len(values) == 1:
         return f"{values[0]:.1f} (1 seed)"
     return f"{np.mean(values):.1f}{sep}{np.std(values):.1f}"
+
+
+def table_cells(text: str) -> dict[tuple[str, str, str], str]:
+    """The cells of every markdown table in ``text``, keyed by (the heading above, the row's first cell, the
+    column's header); a repeated header is numbered ("ours", "ours#2", ...)."""
+    cells, heading, header = {}, "", None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading, header = line.strip("# "), None
+        elif not line.startswith("|"):
+            header = None
+        elif header is None:
+            names = [c.strip() for c in line.strip().strip("|").split("|")]
+            header = [n if names[:i].count(n) == 0 else f"{n}#{names[:i].count(n) + 1}"
+                      for i, n in enumerate(names)]
+        elif not set(line) <= set("|-: "):
+            row = [c.strip() for c in line.strip().strip("|").split("|")]
+            for name, cell in zip(header[1:], row[1:]):
+                cells[heading, row[0], name] = cell
+    return cells
+
+
+def lost_cells(old: str, new: str) -> list[tuple[str, str, str]]:
+    """The table cells filled in ``old`` that ``new`` leaves empty, '-' or out: what regenerating a report from
+    fewer records than made it would lose."""
+    new_cells = table_cells(new)
+    return [key for key, cell in table_cells(old).items()
+            if cell not in ("", "-") and new_cells.get(key, "-") in ("", "-")]
+
+
+def write_report(out: Path, text: str) -> Path:
+    """Writes a generated report to ``out``, unless that would lose a filled cell of the report already there
+    (its runs made before records were kept, say): then it goes beside it, to ``<out stem>.new.md``, and the lost
+    cells are printed. Returns the path written."""
+    out = Path(out)
+    lost = lost_cells(out.read_text(), text) if out.is_file() else []
+    if lost:
+        out = out.with_name(out.stem + ".new.md")
+        shown = "; ".join(" / ".join(key) for key in lost[:5]) + (" ..." if len(lost) > 5 else "")
+        print(f"{len(lost)} filled cells would be lost ({shown}): the report went to {out} instead; merge it by "
+              "hand or rerun the missing cells", flush=True)
+    out.write_text(text)
+    return out

@@ -57,3 +57,31 @@ def test_a_claimed_cell_is_skipped_and_its_claim_left_to_its_owner(tmp_path, rec
     (runs / ".claims" / "a__fedavg__seed0").touch()
     assert table_runs.run_once(runs, "a/fedavg/seed0", config=None) is None
     assert (runs / ".claims" / "a__fedavg__seed0").exists()
+
+
+OLD_REPORT = """# Table 5
+| method | paper | ours | paper | ours |
+|---|---|---|---|---|
+| FedAvg | 60.8 | 52.8±6.5 | 80.7 | - |
+| Feddle | 86.5 | 72.0±2.3 | 87.3 | - |
+"""
+
+
+def test_a_report_that_would_lose_filled_cells_goes_beside_the_old_one(tmp_path, capsys):
+    out = tmp_path / "feddle_tables.md"
+    out.write_text(OLD_REPORT)
+    # Regenerated from fewer records: the first "ours" column is gone, the second filled in.
+    new = OLD_REPORT.replace("52.8±6.5 | 80.7 | -", "- | 80.7 | 69.1±1.0")
+    assert table_runs.lost_cells(OLD_REPORT, new) == [("Table 5", "FedAvg", "ours")]
+    written = table_runs.write_report(out, new)
+    assert written == tmp_path / "feddle_tables.new.md" and written.read_text() == new
+    assert out.read_text() == OLD_REPORT
+    assert "1 filled cells would be lost (Table 5 / FedAvg / ours)" in capsys.readouterr().out
+
+
+def test_a_report_that_keeps_every_filled_cell_replaces_the_old_one(tmp_path):
+    out = tmp_path / "feddle_tables.md"
+    out.write_text(OLD_REPORT)
+    new = OLD_REPORT.replace("| - |\n", "| 70.0±1.0 |\n") + "\n# New section\n| a | b |\n|---|---|\n| x | - |\n"
+    assert table_runs.table_cells(new)["Table 5", "Feddle", "ours#2"] == "70.0±1.0"
+    assert table_runs.write_report(out, new) == out and out.read_text() == new
