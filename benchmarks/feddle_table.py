@@ -176,6 +176,13 @@ def series(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array([r["round"] for r in rows]), np.array([r[key] for r in rows])
 
 
+def center_metric(runs: Path, dataset: str, seed: int) -> tuple[float, float] | None:
+    """Center's ``paper_metric``: it uses no client, so it runs once per seed, under the first column the script
+    was asked for, whichever that was."""
+    found = (paper_metric(runs / f"{cell_name(dataset, a, s)}/center/seed{seed}") for a, s in COLUMNS)
+    return next((m for m in found if m is not None), None)
+
+
 def report(runs: Path, datasets, seeds, out: Path) -> None:
     """Table 5 beside the paper's rows per dataset, Table 3, the trends, and the figures."""
     import matplotlib
@@ -204,7 +211,10 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                 if method == "center" and k:
                     row.append(" | ")
                     continue
-                got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}") for seed in seeds]
+                if method == "center":
+                    got = [center_metric(runs, dataset, seed) for seed in seeds]
+                else:
+                    got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}") for seed in seeds]
                 row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None])}")
             lines.append(f"| {label} | {'yes' if data == 'id' else 'no'} | " + " | ".join(row) + " |")
         lines.append("")
