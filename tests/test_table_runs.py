@@ -85,3 +85,12 @@ def test_a_report_that_keeps_every_filled_cell_replaces_the_old_one(tmp_path):
     new = OLD_REPORT.replace("| - |\n", "| 70.0±1.0 |\n") + "\n# New section\n| a | b |\n|---|---|\n| x | - |\n"
     assert table_runs.table_cells(new)["Table 5", "Feddle", "ours#2"] == "70.0±1.0"
     assert table_runs.write_report(out, new) == out and out.read_text() == new
+
+
+def test_feddle_report_finds_center_under_whichever_column_it_ran(tmp_path):
+    import feddle_table
+
+    # Center uses no client: asked for the Dir(0.3)/N(5) column only, it ran there, not under the first column.
+    fake_run(tmp_path / "fashion_mnist/dir0.3/N5/center/seed1", 0.8)
+    assert feddle_table.center_metric(tmp_path, "fashion_mnist", 1) == pytest.approx((80.0, 80.0))
+    assert feddle_table.center_metric(tmp_path, "fashion_mnist", 0) is None
