@@ -10,6 +10,9 @@ A run is skipped when its record or its ``summary.json`` exists (it finished bef
 script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends, also
 when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright leaves its
 claim behind, and ``rm -r <runs>/.claims`` clears it.
+
+A report never silently loses a cell: ``write_report`` writes a table that would leave a filled cell of the
+committed one empty (regenerated before that cell's run was rerun, say) beside it, as ``*.new.md``.
 """
 
 from __future__ import annotations
