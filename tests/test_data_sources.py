@@ -1,6 +1,7 @@
 """Data sources: local archives, WebP decoding, image folders, Shakespeare, server data, configs end to end."""
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -119,3 +120,36 @@ def test_withheld_classes_never_reach_clients():
     assert set(labels[server]) == {3} and 3 not in set(labels[rest]) and len(server) == 10
     with pytest.raises(PartitionError, match="server_data.classes"):
         server_data.withhold_classes(labels, [0, 1, 2, 3], 10, seed=0)
+
+
+def test_webp_cache_survives_two_runs_decoding_at_once(tmp_path, monkeypatch):
+    """Two runs that miss the cache together both write it; neither may rename the other's half-written file."""
+    monkeypatch.setenv("FEDJAX_LAB_CACHE", str(tmp_path / "cache"))
+    images = np.random.RandomState(1).randint(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    _webp_archive(tmp_path / "tiny_webp.npz", images, np.array([0, 1, 1, 0], np.uint8))
+    both_written = threading.Barrier(2, timeout=30)
+    real_save = np.save
+
+    def save_then_wait(file, array, *args, **kwargs):  # both writers finish writing before either renames
+        real_save(file, array, *args, **kwargs)
+        both_written.wait()
+
+    monkeypatch.setattr(np, "save", save_then_wait)
+    results, errors = [], []
+
+    def load():
+        try:
+            results.append(load_archive(tmp_path / "tiny_webp.npz"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for data in results:
+        np.testing.assert_array_equal(data.train["x"], images)
+        np.testing.assert_array_equal(data.test["x"], images)
+    assert not list((tmp_path / "cache").rglob("*.tmp*"))

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -98,9 +99,16 @@ def _cached_decode(path: Path, archive) -> dict[str, np.ndarray]:
         if not file.is_file():
             folder.mkdir(parents=True, exist_ok=True)
             images = decode_webp(archive[f"x_{split}_webp"], archive[f"x_{split}_offsets"])
-            tmp = file.with_suffix(".tmp.npy")
-            np.save(tmp, images)
-            tmp.replace(file)
+            # A private temporary name per writer: several runs may decode the same archive at once, and a
+            # shared name lets one rename another's half-written file into place.
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"x_{split}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, images)
+                os.replace(tmp, file)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         out[split] = np.load(file)
     return out
 
