@@ -94,3 +94,13 @@ def test_feddle_report_finds_center_under_whichever_column_it_ran(tmp_path):
     fake_run(tmp_path / "fashion_mnist/dir0.3/N5/center/seed1", 0.8)
     assert feddle_table.center_metric(tmp_path, "fashion_mnist", 1) == pytest.approx((80.0, 80.0))
     assert feddle_table.center_metric(tmp_path, "fashion_mnist", 0) is None
+
+
+def test_fedcog_gain_is_the_plugged_run_minus_its_base_on_the_same_seed(tmp_path):
+    import fedcog_table
+
+    fake_run(tmp_path / "cifar10/niid1/table3/fedavg/seed0", 0.40)
+    fake_run(tmp_path / "cifar10/niid1/table3/fedavg_fedcog/seed0", 0.425)
+    fake_run(tmp_path / "cifar10/niid1/table3/fedavg/seed1", 0.41)  # its FedCOG arm has not finished
+    assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 0) == "+2.5"
+    assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 1) == "-"
