@@ -145,8 +145,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         lines += [f"## Table 1, {dataset}", "", "| method | NIID-1 paper | NIID-1 ours | NIID-2 paper | NIID-2 ours |",
                   "|---|---|---|---|---|"]
         for method, (label, _) in METHODS.items():
-            row = [f"{PAPER_T1[method][column + k]} | {cell(accuracies(runs, f'{dataset}/{niid}/{method}', seeds))}"
-                   for k, niid in enumerate(NIID)]
+            ours = [cell(accuracies(runs, f"{dataset}/{niid}/{method}", seeds), of=len(seeds)) for niid in NIID]
+            row = [f"{PAPER_T1[method][column + k]} | {ours[k]}" for k in range(len(NIID))]
             lines.append(f"| {label} | " + " | ".join(row) + " |")
         lines.append("")
         if any((runs / dataset).glob("*/table3/*/*/summary.json")):
@@ -161,7 +161,7 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                 for b in BASES:
                     plain = accuracies(runs, f"{dataset}/{niid}/table3/{b}", seeds)
                     plugged = accuracies(runs, f"{dataset}/{niid}/table3/{b}_fedcog", seeds)
-                    ours.append(f"{cell(plain)} | {cell(plugged)}")
+                    ours.append(f"{cell(plain, of=len(seeds))} | {cell(plugged, of=len(seeds))}")
                 lines.append(f"| ours {niid.upper()} | " + " | ".join(ours) + " |")
             lines += ["", "The gain of X + FedCOG over X, seed by seed (points; seeds " + " / ".join(map(str, seeds)) +
                       "; '-' where a run has not finished):", "",

@@ -110,13 +110,15 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]] | None:
     return [r for r in read_metrics(run_dir) if "test_accuracy" in r]
 
 
-def mean_std(values: list[float], sep: str = "±") -> str:
-    """A table cell: ``mean±std`` over seeds, the value and "(1 seed)" for one, "-" for none."""
+def mean_std(values: list[float], sep: str = "±", of: int | None = None) -> str:
+    """A table cell: ``mean±std`` over seeds, the value and "(1 seed)" for one, "-" for none; with ``of`` (the
+    seeds the table is over), a cell over fewer says how many: "(2 seeds)"."""
     if not values:
         return "-"
     if len(values) == 1:
         return f"{values[0]:.1f} (1 seed)"
-    return f"{np.mean(values):.1f}{sep}{np.std(values):.1f}"
+    fewer = f" ({len(values)} seeds)" if of is not None and len(values) < of else ""
+    return f"{np.mean(values):.1f}{sep}{np.std(values):.1f}{fewer}"
 
 
 def table_cells(text: str) -> dict[tuple[str, str, str], str]:

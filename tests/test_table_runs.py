@@ -104,3 +104,9 @@ def test_fedcog_gain_is_the_plugged_run_minus_its_base_on_the_same_seed(tmp_path
     fake_run(tmp_path / "cifar10/niid1/table3/fedavg/seed1", 0.41)  # its FedCOG arm has not finished
     assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 0) == "+2.5"
     assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 1) == "-"
+
+
+def test_a_cell_over_fewer_seeds_than_its_table_says_how_many():
+    assert table_runs.mean_std([40.0, 42.0], of=3) == "41.0±1.0 (2 seeds)"
+    assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±1.6"
+    assert table_runs.mean_std([40.0]) == "40.0 (1 seed)"
