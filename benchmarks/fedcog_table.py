@@ -76,6 +76,11 @@ PAPER_T3 = {  # Table 3, CIFAR-10: niid -> base -> (x, v)
 }
 
 
+def paper_mean(method: str, column: int) -> float:
+    """The mean of a Table 1 cell of the paper ("73.07±0.08" -> 73.07)."""
+    return float(PAPER_T1[method][column].split("±")[0])
+
+
 def partition(dataset: str, niid: str) -> list[str]:
     return NIID2_CIFAR100 if dataset == "cifar100" and niid == "niid2" else NIID[niid]
 
@@ -126,10 +131,12 @@ def accuracies(runs: Path, name: str, seeds) -> list[float]:
     return [a for a in (final_accuracy(runs / f"{name}/seed{s}") for s in seeds) if a is not None]
 
 
-def gain(runs: Path, name: str, seed: int) -> str:
-    """X + FedCOG's final accuracy minus X's on one seed, in points, or '-' if either has not finished."""
-    plain, plugged = final_accuracy(runs / f"{name}/seed{seed}"), final_accuracy(runs / f"{name}_fedcog/seed{seed}")
-    return "-" if plain is None or plugged is None else f"{plugged - plain:+.1f}"
+def gain(runs: Path, name: str, seed: int, plugged: str | None = None) -> str:
+    """``plugged``'s final accuracy minus ``name``'s on one seed, in points, or '-' if either has not finished;
+    ``plugged`` defaults to X + FedCOG for the base X of ``name`` (``<name>_fedcog``)."""
+    plugged = plugged or f"{name}_fedcog"
+    base, other = final_accuracy(runs / f"{name}/seed{seed}"), final_accuracy(runs / f"{plugged}/seed{seed}")
+    return "-" if base is None or other is None else f"{other - base:+.1f}"
 
 
 def report(runs: Path, datasets, seeds, out: Path) -> None:
@@ -148,7 +155,14 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
             ours = [cell(accuracies(runs, f"{dataset}/{niid}/{method}", seeds), of=len(seeds)) for niid in NIID]
             row = [f"{PAPER_T1[method][column + k]} | {ours[k]}" for k in range(len(NIID))]
             lines.append(f"| {label} | " + " | ".join(row) + " |")
-        lines.append("")
+        # Table 1's FedCOG is FedAvg for its first START rounds, bit for bit (tested): the seeds pair.
+        paper = ", ".join(f"{niid.upper()} {paper_mean('fedcog', column + k) - paper_mean('fedavg', column + k):+.2f}"
+                          for k, niid in enumerate(NIID))
+        lines += ["", f"FedCOG's gain over FedAvg, seed by seed (points; seeds {' / '.join(map(str, seeds))}; "
+                      f"the paper's: {paper}):", "",
+                  "| " + " | ".join(niid.upper() for niid in NIID) + " |", "|" + "---|" * len(NIID),
+                  "| " + " | ".join(" / ".join(gain(runs, f"{dataset}/{niid}/fedavg", s, f"{dataset}/{niid}/fedcog")
+                                               for s in seeds) for niid in NIID) + " |", ""]
         if any((runs / dataset).glob("*/table3/*/*/summary.json")):
             lines += [f"## Table 3, {dataset}: {START} rounds of X, then one round of X (x) or X + FedCOG (v)", "",
                       "| setting | " + " | ".join(f"{METHODS[b][0]} x | {METHODS[b][0]} v" for b in BASES) + " |",

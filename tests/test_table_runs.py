@@ -106,6 +106,16 @@ def test_fedcog_gain_is_the_plugged_run_minus_its_base_on_the_same_seed(tmp_path
     assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 1) == "-"
 
 
+def test_fedcog_table1_gain_pairs_fedcog_with_fedavg_on_the_same_seed(tmp_path):
+    import fedcog_table
+
+    fake_run(tmp_path / "cifar10/niid2/fedavg/seed2", 0.30)
+    fake_run(tmp_path / "cifar10/niid2/fedcog/seed2", 0.288)
+    assert fedcog_table.gain(tmp_path, "cifar10/niid2/fedavg", 2, "cifar10/niid2/fedcog") == "-1.2"
+    assert fedcog_table.gain(tmp_path, "cifar10/niid2/fedavg", 0, "cifar10/niid2/fedcog") == "-"
+    assert fedcog_table.paper_mean("fedcog", 2) - fedcog_table.paper_mean("fedavg", 2) == pytest.approx(0.47)
+
+
 def test_a_cell_over_fewer_seeds_than_its_table_says_how_many():
     assert table_runs.mean_std([40.0, 42.0], of=3) == "41.0±1.0 (2 seeds)"
     assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±1.6"
