@@ -3,7 +3,7 @@
 For one client of the paper's CIFAR-10 setting (the simple-CNN on 32x32x3, batch 64, SGD with momentum), with
 random inputs (timing only):
 
-The convolutions are lowered as the runs lower them (``model.lowering: auto``).
+The convolutions are lowered as the runs lower them (``model.lowering: auto``), or as ``--lowering`` says.
 
 * ``local``: one round of local training, ``--local-steps`` SGD steps (the paper: 400);
 * ``generate N``: FedCOG's generation of N inputs, S = ``--steps`` Adam steps on the inputs against the global
@@ -58,10 +58,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--local-steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lowering", default="auto", choices=["auto", "banded", "im2col", "xla"],
+                        help="the convolution lowering (auto: the runs' default for this backend)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fedcog_cost.json"))
     args = parser.parse_args()
 
-    classifier = Classifier(SimpleCNN(10, default_lowering(jax.default_backend())), (32, 32, 3))
+    lowering = default_lowering(jax.default_backend()) if args.lowering == "auto" else args.lowering
+    classifier = Classifier(SimpleCNN(10, lowering), (32, 32, 3))
     global_vars, local_vars = classifier.init(jax.random.key(0)), classifier.init(jax.random.key(1))
     n = 5000  # a NIID-2 CIFAR-10 client's size
     arrays = {"x": jax.random.randint(jax.random.key(2), (n, 32, 32, 3), 0, 256).astype(jnp.uint8),
