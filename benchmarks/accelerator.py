@@ -52,7 +52,7 @@ is skipped up front (on a 2-core CPU: ResNet-18 beyond cohort 10, all ways).
 
 Results go to ``benchmarks/results/accelerator-<backend>-<device>-<YYYYMMDD>.json`` (merged with the rows of
 earlier invocations of the same day and device, unless ``--fresh``; ratios only ever compare rows of one
-invocation) and a Markdown table on stdout; ``--plot`` draws ``docs/accelerator_<backend>.png``. This is a
+invocation), rewritten after every configuration so that a run cut off keeps what it measured, and a Markdown table on stdout; ``--plot`` draws ``docs/accelerator_<backend>.png``. This is a
 benchmark, not a test: it asserts nothing about speed.
 
 Usage::
@@ -183,11 +183,15 @@ def step_flops(experiment) -> float | None:
         client = ClientData(jax.numpy.int32(0), ids[0], counts[0])
         return train_locally(params, clf.loss, opt, client, arrays, randomness.client_key(key, 0, 0), schedule)[0]
 
+    # Compiled for the CPU whatever the backend: on a GPU, XLA's convolutions are cuDNN calls, which its cost
+    # analysis does not count (the H100 run of 2026-11-25 saw 15% of the simple-CNN's FLOPs and 0.6% of
+    # ResNet-18's).
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     inputs = experiment.inputs
-    shapes = jax.eval_shape(clf.init, jax.random.key(0))
-    compiled = jax.jit(one_step).lower(shapes, inputs.train_arrays, inputs.client_example_ids,
-                                       inputs.client_num_examples, inputs.key).compile()
-    return cost_flops(compiled)
+    args = (jax.eval_shape(clf.init, jax.random.key(0)), inputs.train_arrays, inputs.client_example_ids,
+            inputs.client_num_examples, inputs.key)
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), args)
+    return cost_flops(jax.jit(one_step).lower(*args).compile())
 
 
 def engine_call(experiment, rounds: int):
@@ -776,6 +780,52 @@ def main(argv=None) -> None:
         configs += [dict(base, model="mlp", cohort=10, way=way, sweep=True, members=sweep_seeds) for way in ways]
 
     rows: list[dict] = []
+    run_id = started.isoformat(timespec="seconds")
+
+    def save(final: bool) -> tuple[Path, dict]:
+        """Writes the rows so far (after every configuration, so a run cut off keeps what it measured)."""
+        finish_rows(rows, peak)
+        for r in rows:
+            r["run"] = run_id
+        table = markdown_table(rows, gpu)
+        header = (f"FedAvg, {steps} local steps a client, {args.rounds} round(s) a call, median of {reps}; "
+                  f"device {info['device_name']} ({backend}); jax {info['versions'].get('jax')}, torch "
+                  f"{info['versions'].get('torch')}; peak {human(peak, 'FLOP/s')} ({info['peak_flops_source']})")
+        if final:
+            print(f"\n{header}\n\n{table}\n")
+
+        device_slug = slug(info["device_name"].replace(" cores)", "core)"))
+        name = f"accelerator-{backend}-{device_slug}-{started.strftime('%Y%m%d')}{'-quick' if q else ''}.json"
+        path = Path(args.out) / name
+        payload = {"benchmark": "accelerator", "machine": info, "runs": [], "rows": []}
+        if path.exists() and not args.fresh:
+            payload = json.loads(path.read_text())
+            keys = {(r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) for r in rows}
+            payload["rows"] = [r for r in payload["rows"]
+                               if (r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) not in keys]
+            payload["machine"] = info
+        payload["runs"] = [r for r in payload["runs"] if r["run"] != run_id]
+        payload["runs"].append({"run": run_id, "command": command, "wall_s": time.perf_counter() - t0,
+                                "args": vars(args), "local_steps": steps, "reps": reps, "min_time_s": min_time,
+                                "timeout_s": timeout, "table": f"{header}\n\n{table}"})
+        payload["rows"] += rows
+        payload["device"] = {"name": info["device_name"], "backend": backend, "peak_flops": peak,
+                             "peak_flops_source": info["peak_flops_source"]}
+        payload["versions"] = info["versions"]
+        payload["workloads"] = {m: {"dataset": d, "model": c, "batch_size": b, "client_lr": lr, "num_clients": NUM_CLIENTS,
+                                    "partition": "iid", "server": f"fedavg (sgd, lr {SERVER_LR})",
+                                    "raw_config": raw_config(m, 10, steps)}
+                                for m, (d, c, b, lr) in WORKLOADS.items()}
+        payload["notes"] = ("examples/s = rounds x cohort x local_steps x batch / seconds (median rep); FLOP/s = XLA's "
+                            "one-step flops / batch x examples/s; engine_over_way compares rows of one run.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(payload, indent=1))
+        os.replace(tmp, path)  # never a half-written file, even when the run is killed
+        if final:
+            log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
+        return path, payload
+
     flops_cache: dict[str, float] = {}
     for i, cfg in enumerate(configs, 1):
         label = f"{model_label(cfg)} cohort {cfg['cohort']} {cfg['way']}"
@@ -794,6 +844,7 @@ def main(argv=None) -> None:
         if "status" in row:
             log(f"[{i}/{len(configs)}] {label}: {row['status']} ({row['note']})")
             rows.append(row)
+            save(final=False)
             continue
         log(f"[{i}/{len(configs)}] {label} ...")
         # A sweep's engine row is one program; its other rows are separate runs, one per seed.
@@ -816,43 +867,9 @@ def main(argv=None) -> None:
                 f"{compiled} s, peak RSS {res['peak_rss_mb']:,.0f} MB  [{wall:.0f} s, "
                 f"{time.perf_counter() - t0:.0f} s elapsed]")
         rows.append(row)
+        save(final=False)
 
-    finish_rows(rows, peak)
-    run_id = started.isoformat(timespec="seconds")
-    for r in rows:
-        r["run"] = run_id
-    table = markdown_table(rows, gpu)
-    header = (f"FedAvg, {steps} local steps a client, {args.rounds} round(s) a call, median of {reps}; "
-              f"device {info['device_name']} ({backend}); jax {info['versions'].get('jax')}, torch "
-              f"{info['versions'].get('torch')}; peak {human(peak, 'FLOP/s')} ({info['peak_flops_source']})")
-    print(f"\n{header}\n\n{table}\n")
-
-    device_slug = slug(info["device_name"].replace(" cores)", "core)"))
-    name = f"accelerator-{backend}-{device_slug}-{started.strftime('%Y%m%d')}{'-quick' if q else ''}.json"
-    path = Path(args.out) / name
-    payload = {"benchmark": "accelerator", "machine": info, "runs": [], "rows": []}
-    if path.exists() and not args.fresh:
-        payload = json.loads(path.read_text())
-        keys = {(r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) for r in rows}
-        payload["rows"] = [r for r in payload["rows"]
-                           if (r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) not in keys]
-        payload["machine"] = info
-    payload["runs"].append({"run": run_id, "command": command, "wall_s": time.perf_counter() - t0,
-                            "args": vars(args), "local_steps": steps, "reps": reps, "min_time_s": min_time,
-                            "timeout_s": timeout, "table": f"{header}\n\n{table}"})
-    payload["rows"] += rows
-    payload["device"] = {"name": info["device_name"], "backend": backend, "peak_flops": peak,
-                         "peak_flops_source": info["peak_flops_source"]}
-    payload["versions"] = info["versions"]
-    payload["workloads"] = {m: {"dataset": d, "model": c, "batch_size": b, "client_lr": lr, "num_clients": NUM_CLIENTS,
-                                "partition": "iid", "server": f"fedavg (sgd, lr {SERVER_LR})",
-                                "raw_config": raw_config(m, 10, steps)}
-                            for m, (d, c, b, lr) in WORKLOADS.items()}
-    payload["notes"] = ("examples/s = rounds x cohort x local_steps x batch / seconds (median rep); FLOP/s = XLA's "
-                        "one-step flops / batch x examples/s; engine_over_way compares rows of one run.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
-    log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
+    _, payload = save(final=True)
     if args.plot:
         plotted = [r for r in payload["rows"] if r.get("local_steps") == steps]
         plot(plotted, REPO / "docs" / f"accelerator_{backend}.png",
