@@ -52,8 +52,9 @@ is skipped up front (on a 2-core CPU: ResNet-18 beyond cohort 10, all ways).
 
 Results go to ``benchmarks/results/accelerator-<backend>-<device>-<YYYYMMDD>.json`` (merged with the rows of
 earlier invocations of the same day and device, unless ``--fresh``; ratios only ever compare rows of one
-invocation), rewritten after every configuration so that a run cut off keeps what it measured, and a Markdown table on stdout; ``--plot`` draws ``docs/accelerator_<backend>.png``. This is a
-benchmark, not a test: it asserts nothing about speed.
+invocation; rewritten after every configuration, so that a run cut off keeps what it measured) and a Markdown
+table on stdout; ``--plot`` draws ``docs/accelerator_<backend>.png``. This is a benchmark, not a test: it
+asserts nothing about speed.
 
 Usage::
 
