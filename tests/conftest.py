@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 # The tests compile many tiny programs and run each for a few steps, so compiling is most of their time. With
-# XLA's backend optimisation off (LLVM -O0; the programs compute the same functions) tests/test_fedcog.py took
-# 126 s instead of 232 s on one core. Set before JAX makes its backend; runs outside the tests keep the default.
+# XLA's backend optimisation off (LLVM -O0; the programs compute the same functions), tests/test_fedcog.py
+# took 126 s instead of 232 s on one core. Set before JAX makes its backend; other runs keep the default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
