@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.components import Component, LocalResult, ServerView
+from fedjax_lab.engine.tree_math import tree_squared_norm, tree_sub
 from fedjax_lab.engine.types import Arrays, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.methods.feddle import sample_server_batch
-from fedjax_lab.models.divergences import softened_kl
+from fedjax_lab.models.divergences import mean_entropy, softened_kl
 
 
 def ensemble_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, weights: jax.Array,
@@ -71,8 +72,20 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         start = params, model_state
         (params, model_state, _), _ = jax.lax.scan(step, (params, model_state, optimizer.init(params)),
                                                    jnp.arange(steps))
-        # The distillation loss on the first batch, before and after (is the student nearer the ensemble?).
-        metrics = {"feddf_loss_start": batch_loss(*start, 0)[0], "feddf_loss_end": batch_loss(params, model_state, 0)[0]}
+        # The distillation loss on the first batch, before and after (is the student nearer the ensemble?); how
+        # sure the ensemble and its average member are there (members sure of different classes average to a flat
+        # target); and how far distillation moved the model (a fresh Adam takes steps of about the learning rate
+        # in every parameter even where the loss is already near 0).
+        batch = draw(view.context.server_arrays, jax.random.fold_in(view.context.key, 0))
+        members = jax.vmap(lambda v: classifier.predict(v, batch["x"]))(teachers)
+        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
+        student = classifier.predict(merge_variables(params, model_state, variables), batch["x"])
+        entropy = lambda logits: mean_entropy(logits, batch["mask"], temperature)
+        metrics = {"feddf_loss_start": batch_loss(*start, 0)[0], "feddf_loss_end": batch_loss(params, model_state, 0)[0],
+                   "feddf_ensemble_entropy": entropy(jnp.tensordot(share, members, axes=1)),
+                   "feddf_member_entropy": jnp.dot(share, jax.vmap(entropy)(members)),
+                   "feddf_student_entropy": entropy(student),
+                   "feddf_step_norm": jnp.sqrt(tree_squared_norm(tree_sub(params, start[0])))}
         return (), merge_variables(params, model_state, variables), metrics
 
     return Component("feddf", finish=finish, after_step=after_step)

@@ -16,6 +16,14 @@ def softened_kl(student: jax.Array, teacher: jax.Array, mask: jax.Array, tempera
     return temperature ** 2 * jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
+def mean_entropy(logits: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """The entropy of ``softmax(logits / T)`` in nats (``ln C`` is uniform), averaged over the rows where ``mask``
+    is set."""
+    log_p = jax.nn.log_softmax(logits / temperature)
+    weights = mask.astype(jnp.float32)
+    return -jnp.sum(jnp.sum(jnp.exp(log_p) * log_p, -1) * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
 def js_divergence(logits_p: jax.Array, logits_q: jax.Array) -> jax.Array:
     """Row-wise Jensen-Shannon divergence ``(KL(p || m) + KL(q || m)) / 2``, ``m = (p + q) / 2``, in nats (at most
     ``ln 2``), of the softmax distributions of logits ``[..., C]``."""

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Reproduction runs on a lent GPU inside one time budget: several copies of the table scripts share the runs
+# (their claim files), and the records of the runs that finished come back as one archive.
+#
+#   bash benchmarks/gpu_tables.sh OUT_DIR BUDGET_SECONDS "N:COMMAND" ["N:COMMAND" ...]
+#
+# Each "N:COMMAND" starts N copies of COMMAND (a table script, e.g. "6:python benchmarks/feddle_table.py
+# --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves nothing. The records of the
+# runs finished meanwhile (``benchmarks/results/runs/...``, as the scripts keep them) are packed into
+# OUT_DIR/records.tgz with each copy's log beside it: unpack the archive in the repository's root. The GPU is
+# shared by the copies (no preallocation), the CPU cores too: each run is small, so several at once fill the GPU
+# better than one. Data come from $FEDJAX_LAB_DATA. Records made here say "backend": "gpu" in their summary.
+set -u -o pipefail
+out=${1:?usage: gpu_tables.sh OUT_DIR BUDGET_SECONDS N:COMMAND...}
+budget=${2:?budget in seconds}
+shift 2
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the table scripts import fedjax_lab from the checkout
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+marker=$(mktemp)
+pids=()
+k=0
+for spec in "$@"; do
+    for ((i = 0; i < ${spec%%:*}; i++)); do
+        k=$((k + 1))
+        setsid bash -c "${spec#*:} --out /tmp/report_$k.md" >"$out/worker_$k.log" 2>&1 &
+        pids+=($!)
+        sleep 2  # the copies claim their first runs one after another
+    done
+done
+echo "== $k copies started"
+end=$((SECONDS + budget))
+while ((SECONDS < end)); do
+    sleep 5
+    running=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+    ((running == 0)) && break
+done
+for p in "${pids[@]}"; do kill -- -"$p" 2>/dev/null; done
+sleep 2
+find benchmarks/results/runs -type f -newer "$marker" -print0 | tar czf "$out/records.tgz" --null -T -
+echo "== $(find benchmarks/results/runs -name summary.json -newer "$marker" | wc -l) runs finished in $SECONDS s"
+grep -h "test acc" "$out"/worker_*.log
