@@ -29,7 +29,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
+from table_runs import backends, collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -218,7 +218,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         if not any((runs / dataset).glob("dir*")):
             lines += study_report(runs, dataset, out, plt)
             continue
-        lines += [f"## Table 5, {dataset}", "",
+        lines += [f"## Table 5, {dataset}", "", f"Runs: {backends(runs / dataset)} (each record's summary names "
+                  "its backend; a GPU sums floats in another order, which moves a run by about what a seed does).", "",
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():
@@ -327,7 +328,8 @@ def main() -> None:
     parser.add_argument("--sigmas", type=int, nargs="+", default=[20, 5])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "ablation", "trends", "lambda", "atlas", "feddf_lr"])
+    parser.add_argument("--part", nargs="+", default=["table"],
+                        choices=["table", "ablation", "trends", "lambda", "atlas", "feddf_lr"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "feddle"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_tables.md"))
     parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")

@@ -89,6 +89,15 @@ def run_once(runs: Path, name: str, config: Config) -> tuple[dict[str, Any], flo
     return summary, time.perf_counter() - start
 
 
+def backends(folder: Path) -> str:
+    """How many finished runs under ``folder`` ran on each backend, e.g. ``"12 on cpu, 80 on gpu"``."""
+    counts: dict[str, int] = {}
+    for summary in sorted(Path(folder).glob("**/summary.json")):
+        backend = json.loads(summary.read_text()).get("backend", "unknown")
+        counts[backend] = counts.get(backend, 0) + 1
+    return ", ".join(f"{n} on {b}" for b, n in sorted(counts.items()))
+
+
 def seeds_on_disk(runs: Path, default: list[int]) -> list[int]:
     """Every seed with a finished run under ``runs`` (``.../seed<k>/summary.json``), or ``default`` if none: the
     report covers what has run, not only what one invocation asked for."""

@@ -81,7 +81,8 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
         student = classifier.predict(merge_variables(params, model_state, variables), batch["x"])
         entropy = lambda logits: mean_entropy(logits, batch["mask"], temperature)
-        metrics = {"feddf_loss_start": batch_loss(*start, 0)[0], "feddf_loss_end": batch_loss(params, model_state, 0)[0],
+        metrics = {"feddf_loss_start": batch_loss(*start, 0)[0],
+                   "feddf_loss_end": batch_loss(params, model_state, 0)[0],
                    "feddf_ensemble_entropy": entropy(jnp.tensordot(share, members, axes=1)),
                    "feddf_member_entropy": jnp.dot(share, jax.vmap(entropy)(members)),
                    "feddf_student_entropy": entropy(student),
