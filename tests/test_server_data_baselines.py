@@ -17,7 +17,7 @@ from fedjax_lab.methods.feddf import ensemble_distillation, ensemble_logits
 from fedjax_lab.methods.fedft import server_finetune
 from fedjax_lab.methods.hfcl import server_as_client
 from fedjax_lab.methods.server_optimizers import fedavg_server
-from fedjax_lab.models.divergences import softened_kl
+from fedjax_lab.models.divergences import mean_entropy, softened_kl
 
 SCHEDULE = LocalSchedule(4, local_steps=3)
 
@@ -64,17 +64,38 @@ def test_hfcl_weighs_the_servers_own_training_as_one_more_client(tiny_data, tiny
     assert_trees_close(dominant.server_state.params, alone, rtol=1e-4, atol=1e-5)
 
 
-def _distil(classifier, student, teachers, weights, server_arrays, steps):
-    component = ensemble_distillation(classifier, steps, 0.01, 16)
+def _distil(classifier, student, teachers, weights, server_arrays, steps, learning_rate=0.01, metrics=False):
+    component = ensemble_distillation(classifier, steps, learning_rate, 16)
     cohort = Cohort(jnp.arange(weights.shape[0]), jnp.ones(weights.shape))
     view = ServerView((), {"feddf": teachers}, weights, cohort,
                       ServerContext(jax.random.key(1), jnp.int32(0), server_arrays), student)
-    return component.after_step(view, student)[1]
+    return component.after_step(view, student)[2 if metrics else 1]
 
 
-def _kl(classifier, student, teachers, weights, x):
-    target = ensemble_logits(classifier.predict, teachers, weights, x)
-    return float(softened_kl(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
+def test_mean_entropy_is_log_c_for_uniform_predictions_and_skips_masked_rows():
+    logits = jnp.array([[0.0, 0.0, 0.0, 0.0], [50.0, 0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(mean_entropy(logits, jnp.array([1, 0])), np.log(4), rtol=1e-6)
+    np.testing.assert_allclose(mean_entropy(logits, jnp.array([0, 1])), 0.0, atol=1e-6)
+    np.testing.assert_allclose(mean_entropy(logits, jnp.array([1, 1])), np.log(4) / 2, rtol=1e-6)
+
+
+def test_feddf_reports_how_far_it_moved_the_model_and_how_sure_its_ensemble_is(tiny_data, tiny_classifier):
+    # One member, a hair away from the student: the distillation loss starts near 0, yet Adam's first steps are
+    # about its learning rate in every parameter, so the distance moved scales with the rate (FedDF at lr 1e-3
+    # on CIFAR-10, docs/reproductions/feddle.md).
+    student = tiny_classifier.init(jax.random.key(0))
+    leaves, tree = jax.tree.flatten(student)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    member = jax.tree.unflatten(tree, [x + 1e-3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    teachers = jax.tree.map(lambda x: x[None], member)
+    server = _inputs(tiny_data).server_arrays
+    none, small, large = (_distil(tiny_classifier, student, teachers, jnp.ones(1), server, steps, lr, metrics=True)
+                          for steps, lr in ((0, 1e-3), (5, 1e-5), (5, 1e-3)))
+    assert float(none["feddf_step_norm"]) == 0.0
+    assert float(small["feddf_loss_start"]) < 1e-4
+    assert float(large["feddf_step_norm"]) > 10 * float(small["feddf_step_norm"]) > 0
+    np.testing.assert_allclose(small["feddf_ensemble_entropy"], small["feddf_member_entropy"], rtol=1e-5)
+    assert 0 < float(small["feddf_student_entropy"]) < np.log(tiny_data.num_classes)
 
 
 def test_feddf_distils_the_weighted_ensemble_without_reading_labels(tiny_data, tiny_classifier):
