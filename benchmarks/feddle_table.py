@@ -37,7 +37,7 @@ from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "feddle"
-FEDDF = "algorithm={name: feddf, steps: 10}"
+FEDDF = "algorithm={name: feddf, steps: 10, learning_rate: 0.001}"  # the grid's top rate: see feddf_lr
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
     "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null", "rounds.clients_per_round=1"]),
