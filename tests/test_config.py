@@ -107,7 +107,8 @@ def test_config_errors_load_no_jax_and_print_fast(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     status, jax_loaded, seconds = out.stdout.split()
     assert (status, jax_loaded) == ("2", "False"), out
-    assert float(seconds) < 1.0 and time.perf_counter() - start < 10
+    # No JAX import is what makes it fast; the bound only catches a hang (a loaded CI VM took 2.6 s once).
+    assert float(seconds) < 5.0 and time.perf_counter() - start < 20
     assert "client.learning_rate: Input should be greater than 0" in out.stderr
 
 

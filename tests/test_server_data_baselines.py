@@ -72,6 +72,11 @@ def _distil(classifier, student, teachers, weights, server_arrays, steps, learni
     return component.after_step(view, student)[2 if metrics else 1]
 
 
+def _kl(classifier, student, teachers, weights, x):
+    target = ensemble_logits(classifier.predict, teachers, weights, x)
+    return float(softened_kl(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
+
+
 def test_mean_entropy_is_log_c_for_uniform_predictions_and_skips_masked_rows():
     logits = jnp.array([[0.0, 0.0, 0.0, 0.0], [50.0, 0.0, 0.0, 0.0]])
     np.testing.assert_allclose(mean_entropy(logits, jnp.array([1, 0])), np.log(4), rtol=1e-6)
