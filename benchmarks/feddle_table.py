@@ -8,6 +8,8 @@ of 32, 100 rounds), in the paper's two groups:
   Feddle-ID;
 * without: FedAvg, FedAsync, FedBuff, CA2FL, and with out-of-domain server data FedDF-OOD, Feddle-OOD.
 
+FedDF at two rates of the paper's grid: 1e-3, its top, and 1e-5, its best here (``--part feddf_lr``).
+
 A cell is the best of the last five evaluations (every 10 rounds), mean ± std over the seeds, as the paper
 reports. Runs go to ``runs/feddle/<dataset>/dir<alpha>/N<sigma>/<method>/seed<k>``; finished runs are reused,
 and several copies of the script share the work (a claim file per run). Writes

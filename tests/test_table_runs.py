@@ -103,8 +103,8 @@ def test_feddf_grid_reuses_table5_seed0_cells_at_the_rates_the_table_has_rows_fo
     assert "cifar10/dir0.1/N20/feddf_id/seed0" in jobs  # lr 1e-3
     assert "cifar10/dir0.1/N20/feddf_ood_lr1e-5/seed0" in jobs
     assert "cifar10/feddf_lr/id/0.0001" in jobs and len(jobs) == 6
-    table = dict((name, overrides) for name, _, overrides in feddle_table.table_jobs(
-        ["cifar10"], [0.1], [20], [0], ["feddf_id_lr1e-5"]))
+    table = {name: overrides for name, _, overrides in feddle_table.table_jobs(
+        ["cifar10"], [0.1], [20], [0], ["feddf_id_lr1e-5"])}
     assert table["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"] == jobs["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"]
 
 
