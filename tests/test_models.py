@@ -104,6 +104,26 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
+def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
+    """Whole-width slices reshaped into bands (the lowering's fast gradient) read the same columns as one slice
+    per band, also where the last slice runs past the input (padded), and the convolution's gradients match."""
+    from fedjax_lab.models.layers import band_rows, band_width
+
+    x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
+    wb = band_width(width - kw + 1, kw)
+    bands = (width - kw + 1) // wb
+    per_band = jnp.stack([jnp.stack([x[:, i:i + 4, n * wb:n * wb + wb + kw - 1] for n in range(bands)], 2)
+                          for i in range(3)], 3)
+    np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band)
+    banded, xla = Conv(4, (3, kw), "VALID", lowering="banded"), Conv(4, (3, kw), "VALID", lowering="xla")
+    params = xla.init(jax.random.key(1), x)
+    grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)
+             for c in (banded, xla)]
+    for a, b in zip(*map(jax.tree.leaves, grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("lowering", ["im2col", "banded"])
 @pytest.mark.parametrize("kernel, strides, padding", [(3, 2, 1), (1, 2, 0), (3, 1, 1), (3, 2, 0)])
 def test_strided_and_padded_lowerings_equal_xla_convolution(lowering, kernel, strides, padding):

@@ -11,7 +11,7 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 
 def _quickstart_checks(tmp_path, namespace):
     assert (tmp_path / "runs" / "notebook_fedadam" / "curves.png").exists()
-    assert int(namespace["state"].round) == 40
+    assert int(namespace["state"].round) == 4 * namespace["BLOCK"]
 
 
 def _sweeps_checks(tmp_path, namespace):

@@ -65,28 +65,50 @@ def band_width(out_width: int, kw: int) -> int:
     return max(d for d in range(1, kw + 1) if out_width % d == 0)
 
 
+def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
+    """The inputs each band of ``wb`` output columns reads, ``[B, out_h, bands, kh, wb + kw - 1, C]``.
+
+    Band ``n`` reads columns ``n wb .. n wb + span - 1``. These are taken ``wb`` columns at a time:
+    ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands, rather than one slice per
+    band. The values are the same. The gradient, the transpose of the slices, then sums ``kh ceil(span / wb)``
+    shifted copies of the input instead of ``kh x bands``, which XLA's CPU backend materialises one by one
+    wherever the gradient has several uses: FedCOG's generation step and the CNN3 and Feddle CNN training steps
+    run 1.7 to 4.8x faster (``benchmarks/banded_gradient.py``, docs/benchmarks.md).
+    """
+    b, h, w, c = x.shape
+    out_h, out_w = h - kh + 1, w - kw + 1
+    bands, span = out_w // wb, wb + kw - 1
+    blocks = -(-span // wb)  # ceil
+    # The last block may run past the input; the columns it reads there lie beyond ``span`` and are dropped.
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, (bands + blocks - 1) * wb - w), (0, 0)))
+    rows = jnp.stack([jnp.stack([x[:, i:i + out_h, q * wb:(q + bands) * wb].reshape(b, out_h, bands, wb, c)
+                                 for q in range(blocks)], 3)
+                      for i in range(kh)], 3)  # [B, out_h, bands, kh, blocks, wb, C]
+    return rows.reshape(b, out_h, bands, kh, blocks * wb, c)[:, :, :, :, :span]
+
+
 def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """A VALID stride-1 convolution as one matrix product against a block-Toeplitz ("banded") weight matrix.
 
     Output columns are taken ``wb`` at a time. A row of the left operand holds the ``kh x (wb + kw - 1) x C``
-    inputs one band needs (duplicating inputs ``kh (wb + kw - 1) / wb`` times, against im2col's ``kh kw``); the
-    weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the band) comes from a small einsum,
-    so the gradients are matrix products too. XLA's CPU convolution is slow for the few channels of small CNNs;
-    this lowering makes the simple-CNN step several times faster there (docs/benchmarks.md).
+    inputs one band needs (:func:`band_rows`, duplicating inputs ``kh (wb + kw - 1) / wb`` times, against
+    im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the band)
+    comes from a small einsum, so the gradients are matrix products too. XLA's CPU convolution is slow for the
+    few channels of small CNNs; this lowering makes the simple-CNN step several times faster there
+    (docs/benchmarks.md).
     """
     b, h, w, c = x.shape
     kh, kw, _, features = kernel.shape
     out_h, out_w = h - kh + 1, w - kw + 1
     wb = band_width(out_w, kw)
-    bands, span = out_w // wb, wb + kw - 1
-    rows = jnp.stack([jnp.stack([x[:, i:i + out_h, n * wb:n * wb + span] for n in range(bands)], 2)
-                      for i in range(kh)], 3)  # [B, out_h, bands, kh, span, C]
+    span = wb + kw - 1
+    rows = band_rows(x, kh, kw, wb)
     shift = np.zeros((span, wb, kw), np.float32)
     for v in range(wb):
         for j in range(kw):
             shift[v + j, v, j] = 1.0
     toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
-    y = rows.reshape(b * out_h * bands, kh * span * c) @ toeplitz.reshape(kh * span * c, wb * features)
+    y = rows.reshape(b * out_h * (out_w // wb), kh * span * c) @ toeplitz.reshape(kh * span * c, wb * features)
     return y.reshape(b, out_h, out_w, features)
 
 
