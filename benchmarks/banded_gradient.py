@@ -15,7 +15,7 @@ For three models, both constructions are timed interleaved in one process (media
 
 Usage::
 
-    python benchmarks/banded_gradient.py      # about 10 minutes on one core
+    python benchmarks/banded_gradient.py      # about 6 minutes on one core
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands, rather than one slice per
     band. The values are the same. The gradient, the transpose of the slices, then sums ``kh ceil(span / wb)``
     shifted copies of the input instead of ``kh x bands``, which XLA's CPU backend materialises one by one
-    wherever the gradient has several uses: FedCOG's generation step and the CNN3 and Feddle CNN training steps
-    run 1.7 to 4.8x faster (``benchmarks/banded_gradient.py``, docs/benchmarks.md).
+    wherever the gradient has several uses: FedCOG's generation step runs 2 to 4x faster, and the CNN3 and
+    Feddle CNN training steps 3.7x and 1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md).
     """
     b, h, w, c = x.shape
     out_h, out_w = h - kh + 1, w - kw + 1
