@@ -153,16 +153,19 @@ def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs) ->
 
 
 def init_loop_state(algorithm: Algorithm, params: Params, num_clients: int, plan: CohortPlan | None = None,
-                    inputs: RoundInputs | None = None) -> LoopState:
+                    inputs: RoundInputs | None = None, messages: Any = None) -> LoopState:
     """The state before round 0: the server's, ``num_clients`` copies of the initial client state, and for an
-    asynchronous ``plan`` an empty in-flight store and buffer (shaped from a message for ``inputs``)."""
+    asynchronous ``plan`` an empty in-flight store and buffer (shaped from a message for ``inputs``, or from
+    ``messages``, one client's message shapes when already known: tracing a client update is not free)."""
     server_state = algorithm.server_init(params)
     client_states = tree_stack_copies(algorithm.client_init(server_state), num_clients)
     asynchrony = None
     if plan is not None and plan.asynchronous:
         if inputs is None:
             raise ValueError("an asynchronous plan needs the round inputs to shape its in-flight store")
-        asynchrony = init_async_state(message_shapes(algorithm, params, inputs), plan.capacity, plan.buffer_size)
+        if messages is None:
+            messages = message_shapes(algorithm, params, inputs)
+        asynchrony = init_async_state(messages, plan.capacity, plan.buffer_size)
     return LoopState(server_state, client_states, jnp.zeros((), jnp.int32), asynchrony)
 
 

@@ -256,12 +256,14 @@ class Experiment:
     train_evaluator: Evaluator | None = None
     local_evaluator: LocalEvaluator | None = None
     dissimilarity_evaluator: DissimilarityEvaluator | None = None
+    messages: Any = None  # one client's message shapes, traced once at build (they size the memory estimates)
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
         ``server_init`` may move it further, as FedWalk's pre-training does)."""
         params = self.classifier.init(randomness.init_key(self.inputs.key))
-        return init_loop_state(self.algorithm, params, self.dataset.num_clients, self.plan, self.inputs)
+        return init_loop_state(self.algorithm, params, self.dataset.num_clients, self.plan, self.inputs,
+                               self.messages)
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, and the training objective, when configured) of the
@@ -383,15 +385,15 @@ def build_experiment(config: Config) -> Experiment:
     if config.eval.dissimilarity:
         dissimilarity_evaluator = build_dissimilarity(config, classifier, dataset, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
+    messages = message_shapes(algorithm, jax.eval_shape(classifier.init, jax.random.key(0)), inputs)
     if plan.asynchronous:
-        shapes = message_shapes(algorithm, jax.eval_shape(classifier.init, jax.random.key(0)), inputs)
         try:
-            check_store_memory(shapes, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)
+            check_store_memory(messages, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluator,
                             make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, train_evaluator,
-                            local_evaluator, dissimilarity_evaluator)
+                            local_evaluator, dissimilarity_evaluator, messages)
     if config.rounds.chunk_size is None and cohort > 1:
         experiment = fit_chunk_to_budget(experiment)
     check_memory(experiment)
@@ -413,9 +415,10 @@ def estimate_memory(experiment: Experiment) -> memory.StaticEstimate:
     share = plan.cohort_size // plan.num_devices
     in_flight = plan.chunk_size or share
     held = plan.capacity if plan.asynchronous else (in_flight if plan.streams(experiment.algorithm) else share)
-    return memory.static_estimate(state, experiment.inputs, message_shapes(experiment.algorithm, params,
-                                                                          experiment.inputs),
-                                  params, plan.num_clients, held, in_flight)
+    messages = experiment.messages
+    if messages is None:
+        messages = message_shapes(experiment.algorithm, params, experiment.inputs)
+    return memory.static_estimate(state, experiment.inputs, messages, params, plan.num_clients, held, in_flight)
 
 
 def _compiled_need(experiment: Experiment, chunk_size: int | None) -> int:
