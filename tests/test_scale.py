@@ -109,6 +109,24 @@ def test_an_unset_chunk_is_sized_from_the_memory_budget(monkeypatch):
     assert build._compiled_need(experiment, chunk) <= budget < build._compiled_need(experiment, 2 * chunk)
 
 
+def test_building_and_sizing_an_asynchronous_run_traces_its_client_update_once(monkeypatch):
+    """The memory estimates and the in-flight store reuse one client's message shapes, traced at build (a
+    ResNet's client update took seconds to trace, each time)."""
+    from fedjax_lab.engine import simulation
+    from fedjax_lab.experiments import build
+
+    calls = []
+    traced = simulation.message_shapes
+    monkeypatch.setattr(build, "message_shapes", lambda *args: calls.append(1) or traced(*args))
+    monkeypatch.setattr(simulation, "message_shapes", lambda *args: calls.append(1) or traced(*args))
+    raw = {**RAW, "algorithm": {"name": "fedbuff", "buffer_size": 4}, "asynchrony": {"sigma": 1.0}}
+    experiment = build.build_experiment(validate(raw))
+    state = jax.eval_shape(experiment.initial_state)
+    build.estimate_memory(experiment)
+    assert len(calls) == 1
+    assert jax.tree.structure(state.asynchrony.in_flight.messages) == jax.tree.structure(experiment.messages)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"dataset": {**RAW["dataset"], "num_clients": 16}, "algorithm": {"name": "scaffold"},
       "parallel": {"memory_budget_gb": 1e-6}}, r"dataset.num_clients=16: the population's per-client state"),
