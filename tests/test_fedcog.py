@@ -89,7 +89,8 @@ def test_before_its_start_round_or_with_no_samples_fedcog_is_its_base_exactly(ba
 
 
 @pytest.mark.parametrize("kd_weighting", ["fixed", "size"])
-def test_from_its_start_round_fedcog_changes_the_round_and_keeps_each_clients_previous_model(kd_weighting):
+def test_from_its_start_round_fedcog_changes_the_round_keeps_each_clients_previous_model_and_reports_its_generation(
+        kd_weighting):
     base, _ = _run({"name": "fedavg"}, rounds=1)
     first, _ = _run(_plugged({"name": "fedavg"}, start_round=1, kd_weighting=kd_weighting, lambda_kd=1.0), rounds=1)
     assert_trees_equal(first.server_state.params, base.server_state.params)
@@ -99,6 +100,9 @@ def test_from_its_start_round_fedcog_changes_the_round_and_keeps_each_clients_pr
                                                           jax.tree.leaves(plain.server_state.params))]
     assert max(moved) > 1e-4 and np.all(np.isfinite(metrics["train_loss"]))
     assert int(later.server_state.components["fedcog"]) == 3  # server steps so far
+    start, best = (np.asarray(metrics[f"fedcog_generation_loss_{k}"]) for k in ("start", "best"))
+    assert start[0] == best[0] == 0.0  # round 0: nobody generated
+    assert np.all(best[1:] > 0.0) and np.all(best[1:] < start[1:])  # the kept iterate beats the random start
 
 
 def test_beside_moon_fedcog_reads_moons_previous_models_instead_of_storing_its_own():

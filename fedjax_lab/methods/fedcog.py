@@ -19,6 +19,10 @@ disagreement term is inert until the client has trained once); beside MOON, whic
 reads MOON's instead of storing a second copy. Before ``start_round`` the generation is not run
 (a ``cond`` on the server's step count, which every client shares) and the round is the base's exactly.
 
+Each round reports ``fedcog_generation_loss_start`` and ``fedcog_generation_loss_best``: Eq. 1's loss at the
+random start and at the kept iterate, averaged over the clients that generated (0 in rounds before
+``start_round``), so a run shows whether the generation finds inputs the global model agrees on.
+
 References:
   Ye, Du, Ni, Chen and Wang, "Fake It Till Make It: Federated Learning with Consensus-Oriented Generation",
   ICLR 2024, Eq. 1-3, Alg. 1 and App. A.2.
@@ -120,8 +124,9 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
                          lambda_kd: float | jax.Array = 0.01, temperature: float = 1.0, batch_size: int = 64,
                          start_round: int = 0, shares_state_of: str | None = None) -> Component:
     """FedCOG's change to the round (see the module docstring): generation before local training, distillation
-    during it, the previous local model as client state (or the one ``shares_state_of`` keeps, MOON's), and the
-    server's step count as server state."""
+    during it, the previous local model as client state (or the one ``shares_state_of`` keeps, MOON's), the
+    server's step count as server state, and each client's generation losses as its message (for the round's
+    metrics)."""
     module = classifier.module
     keep_previous = {"client_init": lambda variables: variables,
                      "finish": lambda view, result: (None, result.variables), "shares_state_of": shares_state_of}
@@ -170,10 +175,27 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
 
         return term
 
-    return Component("fedcog", **keep_previous, prepare=prepare, batch=batch, loss_term=loss_term,
-                     server_init=lambda variables: jnp.int32(0),
-                     after_step=lambda view, variables: (view.state + 1, variables, {}),
-                     sums=lambda messages, weights, cohort: ())  # counts rounds; reads no message
+    def finish(view: ClientView, result):
+        p: Prepared = view.prepared
+        report = {"active": p.active.astype(jnp.float32), "loss_start": p.generated.loss_start,
+                  "loss_best": p.generated.loss_best}
+        return report, result.variables
+
+    def sums(messages, weights, cohort):
+        active = jnp.where(weights > 0, messages["fedcog"]["active"], 0.0)
+        return {"active": jnp.sum(active), "loss_start": jnp.sum(active * messages["fedcog"]["loss_start"]),
+                "loss_best": jnp.sum(active * messages["fedcog"]["loss_best"])}
+
+    def after_step(view, variables):
+        s = view.sums["fedcog"]
+        count = jnp.maximum(s["active"], 1.0)
+        metrics = {"fedcog_generation_loss_start": s["loss_start"] / count,
+                   "fedcog_generation_loss_best": s["loss_best"] / count}
+        return view.state + 1, variables, metrics
+
+    return Component("fedcog", **(keep_previous | {"finish": finish}), prepare=prepare, batch=batch,
+                     loss_term=loss_term, server_init=lambda variables: jnp.int32(0), after_step=after_step,
+                     sums=sums)
 
 
 def build(config, context) -> tuple[Component, ...]:
