@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 # The tests compile many tiny programs and run each for a few steps, so compiling is most of their time. With
 # XLA's backend optimisation off (LLVM -O0; the programs compute the same functions), tests/test_fedcog.py
 # took 126 s instead of 232 s on one core. Set before JAX makes its backend; other runs keep the default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
-
-# Many tests compile a program an earlier test compiled already (the same model and method, other seeds,
-# data or run directories). XLA's persistent cache lets them load its executable instead:
-# tests/test_asynchrony.py and tests/test_fedcog.py took 467 s instead of 518 s from a cold cache (one
-# process, beside other work). Environment variables, so that pytest-xdist's workers and the subprocesses
-# some tests start share it; a size limit turns on JAX's file lock (filelock) for that. The key holds the
-# program, the JAX version and XLA_FLAGS, so a cache left from earlier runs only saves time.
-_XLA_CACHE = {
-    "JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"fedjax_lab_tests_xla_{os.getuid()}"),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-    "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 30),
-}
-for _name, _value in _XLA_CACHE.items():
-    os.environ.setdefault(_name, _value)
 
 import jax
 import jax.numpy as jnp
