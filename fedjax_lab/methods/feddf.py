@@ -31,13 +31,20 @@ from fedjax_lab.methods.feddle import sample_server_batch
 from fedjax_lab.models.divergences import mean_entropy, softened_kl
 
 
+def member_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, x: jax.Array) -> jax.Array:
+    """Each of the stacked ``members``' logits on ``x``, ``[members, rows, classes]``."""
+    return jax.vmap(lambda v: predict(v, x))(members)
+
+
 def ensemble_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, weights: jax.Array,
                     x: jax.Array) -> jax.Array:
     """The ensemble's logits on ``x``: the ``weights``-weighted mean over the stacked ``members`` (weight 0 for a
     member that is not there)."""
-    logits = jax.vmap(lambda v: predict(v, x))(members)
-    share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-    return jnp.tensordot(share, logits, axes=1)
+    return _weighted_mean(member_logits(predict, members, x), weights)
+
+
+def _weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+    return jnp.tensordot(weights / jnp.maximum(jnp.sum(weights), 1e-30), values, axes=1)
 
 
 def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Array, batch_size: int,
@@ -56,16 +63,16 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         optimizer = optax.adam(learning_rate)
         params, model_state = split_variables(variables)
 
-        def batch_loss(params, model_state, s):
-            key = jax.random.fold_in(view.context.key, s)
-            batch: Arrays = draw(view.context.server_arrays, key)
-            target = ensemble_logits(classifier.predict, teachers, weights, batch["x"])
+        def loss(params, model_state, batch, target, key):
             logits, new_state = classifier.apply_train(merge_variables(params, model_state, variables), batch, key)
             return softened_kl(logits, target, batch["mask"], temperature), new_state
 
         def step(carry, s):
             params, model_state, opt_state = carry
-            grads, model_state = jax.grad(batch_loss, has_aux=True)(params, model_state, s)
+            key = jax.random.fold_in(view.context.key, s)
+            batch: Arrays = draw(view.context.server_arrays, key)
+            target = ensemble_logits(classifier.predict, teachers, weights, batch["x"])
+            grads, model_state = jax.grad(loss, has_aux=True)(params, model_state, batch, target, key)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), model_state, opt_state), None
 
@@ -76,15 +83,16 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         # sure the ensemble and its average member are there (members sure of different classes average to a flat
         # target); and how far distillation moved the model (a fresh Adam takes steps of about the learning rate
         # in every parameter even where the loss is already near 0).
-        batch = draw(view.context.server_arrays, jax.random.fold_in(view.context.key, 0))
-        members = jax.vmap(lambda v: classifier.predict(v, batch["x"]))(teachers)
-        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
+        key = jax.random.fold_in(view.context.key, 0)
+        batch = draw(view.context.server_arrays, key)
+        members = member_logits(classifier.predict, teachers, batch["x"])
+        target = _weighted_mean(members, weights)
         student = classifier.predict(merge_variables(params, model_state, variables), batch["x"])
         entropy = lambda logits: mean_entropy(logits, batch["mask"], temperature)
-        metrics = {"feddf_loss_start": batch_loss(*start, 0)[0],
-                   "feddf_loss_end": batch_loss(params, model_state, 0)[0],
-                   "feddf_ensemble_entropy": entropy(jnp.tensordot(share, members, axes=1)),
-                   "feddf_member_entropy": jnp.dot(share, jax.vmap(entropy)(members)),
+        metrics = {"feddf_loss_start": loss(*start, batch, target, key)[0],
+                   "feddf_loss_end": loss(params, model_state, batch, target, key)[0],
+                   "feddf_ensemble_entropy": entropy(target),
+                   "feddf_member_entropy": _weighted_mean(jax.vmap(entropy)(members), weights),
                    "feddf_student_entropy": entropy(student),
                    "feddf_step_norm": jnp.sqrt(tree_squared_norm(tree_sub(params, start[0])))}
         return (), merge_variables(params, model_state, variables), metrics
