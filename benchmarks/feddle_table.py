@@ -245,7 +245,7 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                     got = [center_metric(runs, dataset, seed) for seed in seeds]
                 else:
                     got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}") for seed in seeds]
-                row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None])}")
+                row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None], of=len(seeds))}")
             lines.append(f"| {label} | {'yes' if data == 'id' else 'no'} | " + " | ".join(row) + " |")
         lines.append("")
         figure = out.parent / f"feddle_negative_{dataset}.png"
