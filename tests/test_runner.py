@@ -74,7 +74,7 @@ def test_existing_run_needs_resume_or_overwrite_and_resume_needs_same_config(tmp
     with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
         run_experiment(config, tmp_path, progress=False, experiment=experiment)
     other = validate({**RAW, "seed": 4})
-    with pytest.raises(ConfigError, match="config.yaml differs"):
+    with pytest.raises(ConfigError, match=r"differs from its config.yaml in\n  seed: 3 stored, 4 given\n"):
         run_experiment(other, tmp_path, progress=False, resume=True)
 
 
@@ -176,4 +176,4 @@ def test_ctrl_c_leaves_a_resumable_run_and_the_cli_says_so(tmp_path, config, cap
         assert main(["run", str(path), "--run-dir", str(tmp_path / "cli")]) == 130
     finally:
         runner.run_experiment = original
-    assert "interrupted; results up to round 2" in capsys.readouterr().err
+    assert "interrupted (SIGINT); results up to round 2" in capsys.readouterr().err

@@ -136,9 +136,10 @@ def test_an_interrupted_sweep_resumes_as_a_whole_or_member_by_member(tmp_path):
 
 def test_grid_arguments_are_split_from_overrides():
     grid, overrides = split_grid_args(["seed=0,1,2", "model.hidden=[16, 8]", "client.learning_rate=0.1",
-                                       "model.hidden=[4],[8]"])
-    assert grid == {"seed": [0, 1, 2], "model.hidden": [[4], [8]]}
+                                       "model.padding=SAME,VALID"])
+    assert grid == {"seed": [0, 1, 2], "model.padding": ["SAME", "VALID"]}
     assert overrides == ["model.hidden=[16, 8]", "client.learning_rate=0.1"]
+    assert split_grid_args(["model.hidden=[4],[8]"])[0] == {"model.hidden": [[4], [8]]}
 
 
 def test_the_default_layout_follows_the_backend_and_the_model():

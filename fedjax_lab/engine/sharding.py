@@ -9,7 +9,10 @@ inputs (each builds the data itself), so no input needs scattering.
 
 from __future__ import annotations
 
-import os
+import socket
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,24 +22,125 @@ from jax.sharding import Mesh
 from fedjax_lab.engine.cohort_loop import CLIENTS
 
 
-def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> bool:
-    """Joins JAX's distributed runtime when this is one of several processes, as JAX documents it.
+class StartupError(RuntimeError):
+    """The processes of a distributed run did not all meet within the start-up timeout."""
 
-    The settings come from the arguments or else from the environment (``JAX_COORDINATOR_ADDRESS``,
-    ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); with none of them this is a single process and nothing is done.
-    Returns whether the runtime is (now) initialised. Must run before anything touches a device.
+
+def initialize_distributed(host: str, port: int, num_processes: int, process_id: int, timeout_s: float = 300.0,
+                           log: Callable[[str], None] | None = None) -> None:
+    """Joins JAX's distributed runtime as process ``process_id`` of ``num_processes``, the coordinator (process 0)
+    at ``host:port``. Must run before anything touches a device; does nothing when already joined.
+
+    The processes first meet in :func:`rendezvous`, so a coordinator that cannot be reached, or processes that
+    never start, end in a :class:`StartupError` after ``timeout_s`` instead of JAX's abort of the whole process.
     """
-    address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
-        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
-        process_id = int(os.environ["JAX_PROCESS_ID"])
-    if address is None and num_processes is None:
-        return jax.distributed.is_initialized()
-    if not jax.distributed.is_initialized():
-        jax.distributed.initialize(coordinator_address=address, num_processes=num_processes, process_id=process_id)
-    return True
+    if jax.distributed.is_initialized():
+        return
+    remaining = rendezvous(host, port, num_processes, process_id, timeout_s, log)
+    jax.distributed.initialize(coordinator_address=f"{host}:{port}", num_processes=num_processes,
+                               process_id=process_id, initialization_timeout=max(int(remaining), 30))
+
+
+_HELLO, _GO = "fedjax-lab hello", "go"
+
+
+def rendezvous(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
+               log: Callable[[str], None] | None = None) -> float:
+    """Waits until all ``num_processes`` processes have started: process 0 listens at ``host:port`` (the port JAX's
+    coordinator takes next) until every other process has said hello, then lets them all go on. Returns the
+    seconds left of ``timeout_s``.
+
+    Raises:
+      StartupError: the port cannot be listened on, the coordinator cannot be reached, or not every process
+        arrived within ``timeout_s`` (the message says which, and where).
+    """
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    deadline = time.monotonic() + timeout_s
+    where = f"{host}:{port}"
+    if process_id == 0:
+        _gather(port, num_processes, deadline, where, timeout_s, log)
+    else:
+        _report(host, port, num_processes, process_id, deadline, where, timeout_s, log)
+    return deadline - time.monotonic()
+
+
+def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_s: float, log) -> None:
+    try:
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True) \
+            if socket.has_dualstack_ipv6() else socket.create_server(("", port))
+    except OSError as exc:
+        raise StartupError(f"process 0 cannot listen at {where} ({exc.strerror or exc}): is another run using the "
+                           "port, or is this not the coordinator's host?") from None
+    log(f"fedjax-lab: process 0 of {num_processes}: waiting for the other {num_processes - 1} at {where} "
+        f"(up to {timeout_s:g} s, parallel.init_timeout_s)")
+    joined: dict[int, socket.socket] = {}
+    try:
+        with server:
+            while len(joined) < num_processes - 1:
+                server.settimeout(max(deadline - time.monotonic(), 0.001))
+                try:
+                    peer, _ = server.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(1, num_processes)) - set(joined))
+                    raise StartupError(f"processes {missing} did not reach the coordinator at {where} within "
+                                       f"{timeout_s:g} s (parallel.init_timeout_s); start each with the same config "
+                                       "and its parallel.process_id") from None
+                peer.settimeout(max(deadline - time.monotonic(), 0.001))
+                try:
+                    words = peer.makefile().readline().split()
+                except OSError:
+                    peer.close()
+                    continue
+                if words[:2] != _HELLO.split() or len(words) != 4 or not (words[2] + words[3]).isdigit():
+                    peer.close()  # not one of ours: a port scanner, a stale client
+                    continue
+                index, count = int(words[2]), int(words[3])
+                if count != num_processes or index in joined or not 0 < index < num_processes:
+                    peer.sendall(f"error process 0 expects {num_processes} processes with ids 1..{num_processes - 1}"
+                                 f" once each\n".encode())
+                    peer.close()
+                    raise StartupError(f"process {index} reached {where} expecting {count} processes, or its id was "
+                                       f"taken; process 0 expects {num_processes} with ids 0..{num_processes - 1}")
+                joined[index] = peer
+        for peer in joined.values():
+            peer.sendall(f"{_GO}\n".encode())
+        for peer in joined.values():  # the others close first, so the port is free for JAX's coordinator
+            peer.settimeout(5)
+            try:
+                peer.recv(1)
+            except OSError:
+                pass
+    finally:
+        for peer in joined.values():
+            peer.close()
+
+
+def _report(host: str, port: int, num_processes: int, process_id: int, deadline: float, where: str,
+            timeout_s: float, log) -> None:
+    log(f"fedjax-lab: process {process_id} of {num_processes}: waiting for the coordinator at {where} "
+        f"(up to {timeout_s:g} s, parallel.init_timeout_s)")
+    while True:
+        try:
+            peer = socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5), 0.001))
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise StartupError(f"the coordinator at {where} could not be reached within {timeout_s:g} s "
+                                   f"(parallel.init_timeout_s; last: {exc.strerror or exc}); start process 0 there, "
+                                   "or check parallel.coordinator_address") from None
+            time.sleep(0.2)
+    with peer:
+        peer.sendall(f"{_HELLO} {process_id} {num_processes}\n".encode())
+        peer.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            answer = peer.makefile().readline().strip()
+        except OSError:
+            answer = ""
+    if answer != _GO:
+        raise StartupError(f"the coordinator at {where} refused process {process_id}: {answer[6:]}" if
+                           answer.startswith("error") else
+                           f"the coordinator at {where} did not let process {process_id} start within {timeout_s:g} s "
+                           "(parallel.init_timeout_s): not every process arrived")
 
 
 def client_mesh(num_devices: int | None = None) -> Mesh:

@@ -33,11 +33,11 @@ from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
 from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator, lower_mask
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
-from fedjax_lab.engine.sharding import client_mesh, initialize_distributed
+from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes
 from fedjax_lab.engine.variables import split_variables
 from fedjax_lab.experiments import hyperparams
-from fedjax_lab.experiments.config import Config, ConfigError
+from fedjax_lab.experiments.config import Config, ConfigError, distributed_settings
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.methods import registry, server_optimizers
 from fedjax_lab.methods.fedavg import fedavg
@@ -327,14 +327,32 @@ def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: 
                                   functools.partial(probe_at, changes=counterfactual) if counterfactual else None)
 
 
+def join_processes(config: Config) -> bool:
+    """Joins the run's other processes (``parallel``'s settings, else JAX's environment variables) before anything
+    touches a device; returns whether this is one of several processes.
+
+    Raises:
+      ConfigError: the settings are incomplete or malformed, or the processes did not all meet within
+        ``parallel.init_timeout_s``.
+    """
+    distributed = distributed_settings(config.parallel)
+    if distributed is None:
+        return jax.distributed.is_initialized()
+    try:
+        initialize_distributed(distributed.host, distributed.port, distributed.num_processes, distributed.process_id,
+                               distributed.init_timeout_s)
+    except StartupError as exc:
+        raise ConfigError(str(exc)) from None
+    return True
+
+
 def build_experiment(config: Config) -> Experiment:
     """Builds data, model and algorithm, checks that they fit each other, and moves the data to the device.
 
     Raises:
       ConfigError: when the data and the config disagree (e.g. a cohort larger than the population).
     """
-    initialize_distributed(config.parallel.coordinator_address, config.parallel.num_processes,
-                           config.parallel.process_id)
+    join_processes(config)
     dataset = build_dataset(config)
     if is_reference(config):
         dataset = reference_view(dataset, config.algorithm.name)

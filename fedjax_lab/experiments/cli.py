@@ -4,10 +4,26 @@
 from __future__ import annotations
 
 import argparse
+import math
+import shlex
 import sys
 from pathlib import Path
 
-from fedjax_lab.experiments.config import ConfigError, load_config, split_grid_args
+from fedjax_lab.experiments.config import ConfigError, distributed_settings, load_config, split_grid_args
+from fedjax_lab.experiments.signals import RunInterrupted
+
+LARGE_GRID = 256
+"""Grids with more members than this run only with ``--yes``."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                                            "(default: runs/<config name>_sweep)")
     sweep.add_argument("--resume", action="store_true", help="continue every member from its latest checkpoint")
     sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
-    sweep.add_argument("--chunk", type=int, help="members vmapped at once (default: all on an accelerator; on CPU "
-                                                 "8 for dense models, separate runs for CNNs)")
+    sweep.add_argument("--chunk", type=_positive_int, help="members vmapped at once, >= 1 (default: all on an "
+                                                           "accelerator; on CPU 8 for dense models, separate runs "
+                                                           "for CNNs)")
+    sweep.add_argument("--yes", action="store_true", help=f"run a grid of more than {LARGE_GRID} members")
     sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")
     part.add_argument("config", help="path to a YAML config")
@@ -46,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     config = load_config(args.config, args.overrides)  # validated before anything is built or compiled
+    distributed_settings(config.parallel)  # the environment's settings too
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     from fedjax_lab.experiments.runner import run_experiment  # imports JAX; deferred so bad configs fail fast
 
@@ -67,15 +86,27 @@ def _run(args) -> int:
 def _sweep(args) -> int:
     grid, overrides = split_grid_args(args.items)
     config = load_config(args.config, overrides)
+    distributed_settings(config.parallel)
     sweep_dir = Path(args.sweep_dir or Path("runs") / f"{Path(args.config).stem}_sweep")
     if not grid:
         raise ConfigError("sweep: give at least one grid axis key=v1,v2,..., e.g. seed=0,1,2")
+    size = math.prod(len(values) for values in grid.values())
+    if size > LARGE_GRID and not args.yes:
+        raise ConfigError(f"sweep: the grid has {size} members ({' x '.join(str(len(v)) for v in grid.values())}), "
+                          f"more than {LARGE_GRID}; pass --yes to run them all")
     if (sweep_dir / "sweep.json").exists() and not (args.resume or args.overwrite):
         raise ConfigError(f"sweep directory {sweep_dir} already holds a sweep; pass --resume or --overwrite")
-    from fedjax_lab.experiments.sweep import run_sweep
+    from fedjax_lab.experiments.sweep import expand, run_sweep
 
-    summary = run_sweep(config, grid, sweep_dir, resume=args.resume, overwrite=args.overwrite,
-                        progress=not args.no_progress, member_chunk=args.chunk)
+    expand(config, grid)  # every member validated (and distinct) before JAX starts
+    try:
+        summary = run_sweep(config, grid, sweep_dir, resume=args.resume, overwrite=args.overwrite,
+                            progress=not args.no_progress, member_chunk=args.chunk)
+    except RunInterrupted as interrupted:
+        command = " ".join(shlex.quote(a) for a in ["fedjax-lab", "sweep", args.config, *args.items,
+                                                    "--sweep-dir", str(sweep_dir), "--resume"])
+        raise RunInterrupted(interrupted.run_dir, interrupted.last_round, interrupted.signum,
+                             resume=command) from None
     print((sweep_dir / "sweep.md").read_text())
     print(f"results in {sweep_dir}/ (one run directory per member, sweep.md, sweep.json, curves.png)")
     return EXIT_DIVERGED if any(m["diverged"] for m in summary["members"]) else 0
@@ -103,6 +134,7 @@ def _plot(args) -> int:
     for run_dir in args.run_dirs:
         if not (Path(run_dir) / "metrics.jsonl").exists():
             raise ConfigError(f"{run_dir} holds no metrics.jsonl; is it a run directory?")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     print(plot_runs(args.run_dirs, args.out, args.labels))
     if args.staleness:
         from fedjax_lab.experiments.plots import plot_staleness
@@ -117,7 +149,8 @@ EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
 
 def main(argv: list[str] | None = None) -> int:
     """The ``fedjax-lab`` command; returns the exit status (0 done, 2 bad input, 3 diverged, 4 the run could not
-    go on, 130 interrupted)."""
+    go on: a file could not be written or read back, 130 interrupted by Ctrl-C, 143 by SIGTERM; docs/reliability.md).
+    """
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # Overrides may also come after options (``run c.yaml --no-progress seed=3``); argparse leaves those over.
@@ -132,17 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    except KeyboardInterrupt:
+    except RunInterrupted as interrupted:
+        print(f"fedjax-lab: {interrupted}", file=sys.stderr)
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:  # before a run started (its own Ctrl-C becomes RunInterrupted)
         print("fedjax-lab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as error:
+        where = f" {error.filename}" if error.filename else ""
+        resume = " and continue with --resume" if args.command in ("run", "sweep") else ""
+        print(f"fedjax-lab: error: cannot write or read{where}: {error.strerror or error}; free space (or fix the "
+              f"permissions){resume}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     except Exception as error:
-        from fedjax_lab.experiments.run_directory import CheckpointError
-        from fedjax_lab.experiments.runner import RunInterrupted
+        from fedjax_lab.experiments.run_directory import RunDirectoryError
 
-        if isinstance(error, RunInterrupted):
-            print(f"fedjax-lab: {error}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        if isinstance(error, CheckpointError):
+        if isinstance(error, RunDirectoryError):
             print(f"fedjax-lab: error: {error}", file=sys.stderr)
             return EXIT_RUN_FAILED
         raise

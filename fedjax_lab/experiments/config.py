@@ -7,6 +7,8 @@ an unknown name fails with a message naming the field, the value given and what 
 from __future__ import annotations
 
 import difflib
+import os
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,7 +39,7 @@ class SyntheticDataset(Section):
     dimension: PositiveInt = 60
     num_classes: int = Field(10, ge=2)
     train_fraction: float = Field(0.9, gt=0, lt=1)
-    seed: int | None = Field(None, description="generator seed; defaults to the run's seed")
+    seed: int | None = Field(None, ge=0, description="generator seed; defaults to the run's seed")
 
 
 class GaussianMixtureDataset(Section):
@@ -51,7 +53,7 @@ class GaussianMixtureDataset(Section):
     separation: PositiveFloat = 1.0
     label_alpha: PositiveFloat | None = 0.5
     train_fraction: float = Field(0.8, gt=0, lt=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)
 
 
 class PartitionConfig(Section):
@@ -72,7 +74,7 @@ class PartitionConfig(Section):
         "label", description="fine_label: deal CIFAR-100's rows by its 100 fine classes while the task is the 20 "
                              "superclasses (labels: coarse; Feddle's concept drift)")
     file: str | None = Field(None, description="load a saved partition.npz instead of partitioning")
-    seed: int | None = Field(None, description="defaults to the run's seed")
+    seed: int | None = Field(None, ge=0, description="defaults to the run's seed")
 
 
 class ServerDataConfig(Section):
@@ -119,7 +121,7 @@ class ImageDataset(Section):
     augment: Literal["none", "flip", "crop_flip"] = "none"
     subset: PositiveInt | None = Field(None, description="keep only the first n training rows (official order), "
                                                          "for a run at a smaller scale")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)
 
     @property
     def num_clients(self) -> int:
@@ -131,6 +133,11 @@ class ImageDataset(Section):
             raise ValueError(f"dataset.source: {self.name!r} has no local archive; use dataset.source=tfds")
         if self.name == "image_folder" and not self.data_dir:
             raise ValueError("dataset.data_dir is required for image_folder (root of train/<class>/<image>)")
+        s = self.server_data
+        if s is not None and s.kind == "out_of_domain" and s.dataset in (self.name, self.tfds_name):
+            raise ValueError(f"dataset.server_data.dataset: out-of-domain data must come from another dataset than "
+                             f"dataset.name={self.name!r} (its rows would duplicate the clients'); use "
+                             "dataset.server_data.kind=in_domain to carve server data from the training rows")
         if self.partition.by == "fine_label" and (self.name != "cifar100" or self.labels != "coarse"):
             raise ValueError("dataset.partition.by: fine_label needs dataset.name=cifar100 and dataset.labels=coarse, "
                              f"got name={self.name!r}, labels={self.labels!r}")
@@ -283,6 +290,8 @@ class ParallelConfig(Section):
                                                               "process)")
     num_processes: PositiveInt | None = Field(None, description="default $JAX_NUM_PROCESSES")
     process_id: int | None = Field(None, ge=0, description="default $JAX_PROCESS_ID")
+    init_timeout_s: PositiveFloat = Field(300.0, description="how long the processes wait for each other at start-up "
+                                                             "before giving up with a message")
 
     @model_validator(mode="after")
     def _process_in_range(self):
@@ -290,6 +299,75 @@ class ParallelConfig(Section):
             raise ValueError(f"parallel.process_id must be < parallel.num_processes={self.num_processes}, "
                              f"got {self.process_id}")
         return self
+
+
+class Distributed(typing.NamedTuple):
+    """Where and how a run joins several processes: ``parallel``'s fields, else the environment's."""
+
+    coordinator_address: str
+    host: str
+    port: int
+    num_processes: int
+    process_id: int
+    init_timeout_s: float
+
+
+_ENVIRONMENT = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
+                "process_id": "JAX_PROCESS_ID"}
+
+
+def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, str] | None = None
+                         ) -> Distributed | None:
+    """The multi-process settings of a run, or ``None`` for a single process; checked before JAX starts.
+
+    Each of ``coordinator_address``, ``num_processes`` and ``process_id`` comes from ``parallel`` or else from
+    ``$JAX_COORDINATOR_ADDRESS``, ``$JAX_NUM_PROCESSES`` and ``$JAX_PROCESS_ID``, parsed as the config field.
+
+    Raises:
+      ConfigError: a value that is not of its field's kind, or an incomplete set (several processes need a
+        coordinator ``host:port`` and each process its id below ``num_processes``), naming the field and, for
+        a value from the environment, the variable.
+    """
+    environ = os.environ if environ is None else environ
+    values, origin, problems = {}, {}, []
+    for field, variable in _ENVIRONMENT.items():
+        value = getattr(parallel, field)
+        origin[field] = f"parallel.{field}"
+        if value is None and environ.get(variable, "").strip():
+            value, origin[field] = environ[variable].strip(), f"parallel.{field} (from ${variable})"
+            if field != "coordinator_address":
+                try:
+                    value = int(value)
+                except ValueError:
+                    problems.append(f"{origin[field]}: must be a whole number, got {environ[variable]!r}")
+                    value = None
+        values[field] = value
+    count, index, address = values["num_processes"], values["process_id"], values["coordinator_address"]
+    if count is not None and count < 1:
+        problems.append(f"{origin['num_processes']}: must be >= 1, got {count}")
+    if index is not None and index < 0:
+        problems.append(f"{origin['process_id']}: must be >= 0, got {index}")
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    if address is None and (count is None or count == 1):
+        return None
+    if count is None:
+        problems.append(f"{origin['num_processes']}: required with a coordinator address ({address!r}); set it or "
+                        "$JAX_NUM_PROCESSES")
+    if address is None:
+        problems.append(f"parallel.coordinator_address: required for {count} processes (host:port of process 0); "
+                        "set it or $JAX_COORDINATOR_ADDRESS")
+    host, _, port = (address or "").rpartition(":")
+    if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
+        problems.append(f"{origin['coordinator_address']}: must be host:port with a port in 1..65535, got {address!r}")
+    if count is not None and count > 1 and index is None:
+        problems.append(f"{origin['process_id']}: required for {count} processes (0 for the coordinator); set it "
+                        "or $JAX_PROCESS_ID")
+    if count is not None and index is not None and index >= count:
+        problems.append(f"{origin['process_id']}: must be < num_processes={count}, got {index}")
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    return Distributed(address, host.strip("[]"), int(port), count, index or 0, parallel.init_timeout_s)
 
 
 class CheckpointConfig(Section):
@@ -300,7 +378,7 @@ class CheckpointConfig(Section):
 class Config(Section):
     """A whole experiment."""
 
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="fixes everything: data, partition, initialisation, cohorts, shuffles")
     dataset: DatasetConfig
     model: ModelConfig
     algorithm: AlgorithmConfig
@@ -327,6 +405,24 @@ class Config(Section):
             if self.rounds.chunk_size is not None and share % self.rounds.chunk_size:
                 raise ValueError(f"rounds.chunk_size must divide each device's share of the cohort ({share} "
                                  f"clients over {devices} devices), got {self.rounds.chunk_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _updates_can_arrive(self):
+        a = self.asynchrony
+        if a is None or a.delay != "fixed":
+            return self
+        delay = a.rounds if a.max_delay is None else min(a.rounds, a.max_delay)
+        total = self.rounds.num_rounds
+        if delay >= total:
+            raise ValueError(f"asynchrony.rounds: a job sent in round r arrives in round r + {delay}, after the last "
+                             f"of rounds.num_rounds={total}, so no update would ever arrive; use a delay < {total}")
+        arrivals = self.rounds.clients_per_round * (total - delay)
+        buffer = self.algorithm.buffer_size
+        if buffer is not None and arrivals < buffer:
+            raise ValueError(f"algorithm.buffer_size: at most {arrivals} updates arrive in {total} rounds with "
+                             f"asynchrony.rounds={delay}, fewer than the {buffer} the server waits for, so it would "
+                             f"never step; use a buffer_size <= {arrivals}")
         return self
 
     @model_validator(mode="after")
@@ -378,9 +474,16 @@ def _section_model(loc: tuple) -> type[BaseModel] | None:
             model = registry.plugin_config(spec) if "plugins" in loc[:i] else spec.config
             continue
         field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
-        annotation = field.annotation if field is not None else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        model = _section_of(field.annotation) if field is not None else None
     return model
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field's annotation, optional sections (``AsynchronyConfig | None``) included."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    sections = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return sections[0] if len(sections) == 1 else None
 
 
 def _unknown_key(error: dict, path: str, key: str) -> str:
@@ -527,21 +630,67 @@ def to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+RESULT_FREE = ("parallel.coordinator_address", "parallel.process_id", "parallel.init_timeout_s",
+               "parallel.memory_budget_gb", "checkpoint.keep")
+"""Fields that never change a run's results: a resume may change them."""
+
+
+def config_differences(stored: dict, given: dict, prefix: str = "") -> list[str]:
+    """The dotted keys where two configs (as ``model_dump(mode='json')`` dicts, or read back from
+    ``config.yaml``) differ, each with both values: ``client.learning_rate: 0.01 stored, 0.05 given``. Keys of
+    :data:`RESULT_FREE` are left out."""
+    lines = []
+    for key in list(stored) + [k for k in given if k not in stored]:
+        path = f"{prefix}{key}"
+        a, b = stored.get(key, "<absent>"), given.get(key, "<absent>")
+        if path in RESULT_FREE or a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += config_differences(a, b, f"{path}.")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(
+                isinstance(x, dict) and isinstance(y, dict) for x, y in zip(a, b)):
+            for i, (x, y) in enumerate(zip(a, b)):
+                lines += config_differences(x, y, f"{path}.{x.get('name', i)}.")
+        else:
+            lines.append(f"{path}: {a!r} stored, {b!r} given")
+    return lines
+
+
+def check_resumable(stored_yaml: str, config: Config, where: str) -> None:
+    """Raises :class:`ConfigError` naming every differing key when ``config`` is not the one ``stored_yaml``
+    (a run's ``config.yaml``) was run with."""
+    try:
+        stored = yaml.safe_load(stored_yaml)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot resume {where}: its config.yaml is not valid YAML ({_yaml_problem(exc)}); "
+                          "restore it, or start again with --overwrite") from None
+    differences = config_differences(stored if isinstance(stored, dict) else {}, config.model_dump(mode="json"))
+    if differences:
+        raise ConfigError(f"cannot resume {where}: the config given differs from its config.yaml in\n  "
+                          + "\n  ".join(differences) + "\nresume with the same config (or its config.yaml), or "
+                          "start a new run directory")
+
+
 Grid = dict[str, list[Any]]
 """A sweep's grid: ``{dotted.path: [values]}``."""
 
 
 def split_grid_args(args: list[str]) -> tuple[Grid, list[str]]:
     """Command-line ``key=v1,v2,...`` items (a comma outside brackets) into grid axes, the others into overrides."""
-    grid, overrides = {}, []
+    grid, overrides, seen = {}, [], {}
     for arg in args:
         key, sep, text = arg.partition("=")
+        key = key.strip()
+        if sep and key in seen:
+            raise ConfigError(f"{key} is given twice ({seen[key]!r} and {arg!r}); give each key once (a grid axis "
+                              f"lists all its values: {key}=v1,v2,...)")
+        seen[key] = arg
         parts = _top_level_split(text)
         if sep and len(parts) > 1:
             try:
-                grid[key.strip()] = [yaml.safe_load(p) for p in parts]
+                grid[key] = [yaml.safe_load(p) for p in parts]
             except yaml.YAMLError as exc:
-                raise ConfigError(f"grid {arg!r}: a value is not valid YAML ({exc})") from None
+                raise ConfigError(f"grid {arg!r}: a value is not valid YAML ({_yaml_problem(exc)})") from None
         else:
             overrides.append(arg)
     return grid, overrides

@@ -16,7 +16,10 @@ Layout::
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,47 @@ import orbax.checkpoint as ocp
 from fedjax_lab.engine import LoopState
 
 
-class CheckpointError(RuntimeError):
+class RunDirectoryError(RuntimeError):
+    """A run directory cannot be read or written as the run needs (the command line's exit status 4)."""
+
+
+class CheckpointError(RunDirectoryError):
     """No checkpoint of the run directory can be read."""
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "curves.png", "staleness.png", "partition.npz",
+             "partition.md", "partition.png", "arrays", "checkpoints")
+"""What a run writes in its directory, and all that ``--overwrite`` removes."""
+
+
+def holds_run(path: str | Path) -> bool:
+    """Whether ``path`` holds (part of) a run: its config, metrics or checkpoints."""
+    return any((Path(path) / name).exists() for name in ("config.yaml", "metrics.jsonl", "checkpoints"))
+
+
+def clear_run(path: str | Path) -> None:
+    """Removes the run in ``path`` (:data:`RUN_FILES`), leaving anything else (another process of a distributed
+    run clears its own ``.process_N`` copy)."""
+    path = Path(path)
+    for entry in [path / name for name in RUN_FILES]:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the new."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class RunDirectory:
@@ -49,10 +91,12 @@ class RunDirectory:
         return self.path / "metrics.jsonl"
 
     def append_metrics(self, rows: list[dict[str, Any]]) -> None:
-        """Appends rows to ``metrics.jsonl`` and flushes them to disk."""
+        """Appends rows to ``metrics.jsonl`` and flushes them to disk (a kill mid-write leaves at most a torn last
+        line, which :func:`read_metrics` drops)."""
         with self.metrics_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+            f.flush()
+            os.fsync(f.fileno())
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
@@ -70,18 +114,36 @@ class RunDirectory:
         """Drops rows (and array blocks) after ``last_round``: a resumed run rewrites what the interrupted one
         wrote past its checkpoint."""
         rows = [row for row in self.read_metrics() if row["round"] <= last_round]
-        self.metrics_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        if not rows or rows[-1]["round"] != last_round:
+            raise RunDirectoryError(f"cannot resume {self.path}: metrics.jsonl ends at round "
+                                    f"{rows[-1]['round'] if rows else 'none'}, before the checkpoint's round "
+                                    f"{last_round}, so the curve would have a gap; start again with --overwrite")
+        write_atomically(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
         for block in sorted((self.path / "arrays").glob("rounds_*.npz")):
             if int(block.stem.split("_")[-1]) > last_round:
                 block.unlink()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomically(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
 
     def save_checkpoint(self, state: LoopState) -> None:
-        """Saves the whole loop state under its round number (waits until it is on disk)."""
-        self._checkpoints.save(int(state.round), args=ocp.args.StandardSave(state))
-        self._checkpoints.wait_until_finished()
+        """Saves the whole loop state under its round number (waits until it is on disk).
+
+        Raises:
+          OSError: it could not be written (a full disk, a read-only folder), with the reason Orbax gave.
+        """
+        step = int(state.round)
+        if step in self._checkpoints.all_steps():
+            return
+        try:
+            self._checkpoints.save(step, args=ocp.args.StandardSave(state))
+            self._checkpoints.wait_until_finished()
+        except Exception as exc:  # Orbax wraps the file system's errors in its own
+            reason = _root_cause(exc)
+            if isinstance(reason, OSError):
+                raise OSError(reason.errno, f"{reason.strerror or reason} (writing the checkpoint of round {step})",
+                              str(self.path / "checkpoints")) from exc
+            raise
 
     def latest_checkpoint_round(self) -> int | None:
         return self._checkpoints.latest_step()
@@ -94,23 +156,64 @@ class RunDirectory:
           CheckpointError: no checkpoint can be read.
         """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        damaged = []
         for step in sorted(self._checkpoints.all_steps(), reverse=True):
             try:
                 restored = self._checkpoints.restore(step, args=ocp.args.StandardRestore(abstract))
             except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint falls back to the previous one
                 print(f"fedjax-lab: checkpoint of round {step} in {self.path} cannot be read "
                       f"({type(exc).__name__}); trying the one before it", file=sys.stderr)
+                damaged.append(step)
                 continue
+            for step in damaged:  # the resumed run writes them again
+                self._checkpoints.delete(step)
             return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
         raise CheckpointError(f"no readable checkpoint in {self.path / 'checkpoints'}; start again with --overwrite")
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception of a chain (``raise ... from``, or raised while handling another)."""
+    seen = set()
+    while id(exc) not in seen and (exc.__cause__ or exc.__context__) is not None:
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def _parse_row(line: str) -> dict[str, Any] | None:
+    """A line of ``metrics.jsonl`` as its row, or ``None`` when it is not one (torn, damaged)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("round"), int) else None
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl`` (empty if none were written)."""
+    """The rows of a run's ``metrics.jsonl`` (empty if none were written). A torn last line (the run was killed
+    while appending it) is dropped with a warning; its rounds are redone by ``--resume``.
+
+    Raises:
+      RunDirectoryError: a damaged line before the last one, named by its number.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(errors="replace").split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = _parse_row(line)
+        if row is None:
+            if any(rest.strip() for rest in lines[number:]):
+                raise RunDirectoryError(f"{path}, line {number}, is damaged ({line[:40]!r}...); repair or delete "
+                                        "that line, or start again with --overwrite") from None
+            print(f"fedjax-lab: dropping the torn last line of {path} (line {number}: the run was stopped while "
+                  "writing it; --resume redoes its rounds)", file=sys.stderr)
+            break
+        rows.append(row)
+    return rows
 
 
 def split_arrays(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

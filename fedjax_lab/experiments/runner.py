@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,19 +13,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjax_lab.data.report import write_partition_report
-from fedjax_lab.engine.sharding import initialize_distributed, to_host
-from fedjax_lab.experiments.build import Experiment, build_experiment
-from fedjax_lab.experiments.config import Config, ConfigError, to_yaml
+from fedjax_lab.engine.sharding import to_host
+from fedjax_lab.experiments.build import Experiment, build_experiment, join_processes
+from fedjax_lab.experiments.config import Config, ConfigError, check_resumable, to_yaml
 from fedjax_lab.experiments.plots import plot_runs, plot_staleness
-from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics, split_arrays
-
-
-class RunInterrupted(Exception):
-    """The run was interrupted (Ctrl-C); its results up to ``last_round`` are on disk and it can be resumed."""
-
-    def __init__(self, run_dir: Path, last_round: int):
-        super().__init__(f"interrupted; results up to round {last_round} are in {run_dir}, resume with --resume")
-        self.run_dir, self.last_round = run_dir, last_round
+from fedjax_lab.experiments.run_directory import (
+    RunDirectory,
+    RunDirectoryError,
+    clear_run,
+    holds_run,
+    read_metrics,
+    split_arrays,
+    write_atomically,
+)
+from fedjax_lab.experiments.signals import RunInterrupted, StopOnSignal, StopRequested
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -42,20 +42,48 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(f"run directory {str(run_dir)!r} cannot be written: {exc.strerror or exc}") from None
 
 
-def _prepare_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> None:
+def check_run_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> tuple[str, str | None]:
+    """What to do with ``run_dir`` for this request, without touching it: ``('start' | 'clear' | 'resume',
+    note)``, ``note`` a line to tell the user or ``None``.
+
+    A new run needs a directory without a run, or ``overwrite``. A resume needs the run's ``config.yaml`` to
+    equal ``config`` (else the differing keys are named) and its ``metrics.jsonl``; with no run there, or no
+    checkpoint yet, it starts from round 0 and says so.
+
+    Raises:
+      ConfigError: the directory holds another run, or a run whose settings cannot be checked.
+      RunDirectoryError: the run's metrics are missing.
+    """
     _check_writable(run_dir)
-    saved = run_dir / "config.yaml"
-    if not saved.exists():
-        return
+    if not holds_run(run_dir):
+        return "start", f"--resume: {run_dir} holds no run yet; starting from round 0" if resume else None
     if overwrite:
-        shutil.rmtree(run_dir)
-    elif resume:
-        if saved.read_text() != to_yaml(config):
-            raise ConfigError(f"cannot resume {run_dir}: its config.yaml differs from the config given "
-                              "(compare them, or start a new run directory)")
-    else:
+        return "clear", None
+    if not resume:
         raise ConfigError(f"run directory {run_dir} already holds a run; pass --resume to continue it or "
                           "--overwrite to start again")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"cannot resume {run_dir}: its config.yaml is missing, so the settings of the rounds "
+                          "already run cannot be checked; restore it, or start again with --overwrite")
+    check_resumable(saved.read_text(), config, str(run_dir))
+    checkpoints = run_dir / "checkpoints"
+    if not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+        return "clear", f"--resume: {run_dir} has no checkpoint yet; starting from round 0"
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise RunDirectoryError(f"cannot resume {run_dir}: its metrics.jsonl is missing, so the curve of the rounds "
+                                "already run is lost; start again with --overwrite")
+    return "resume", None
+
+
+def prepare_run_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Does what :func:`check_run_directory` decided; returns whether the run continues from a checkpoint."""
+    action, note = check_run_directory(config, run_dir, resume, overwrite)
+    if note:
+        print(f"fedjax-lab: {note}", file=sys.stderr)
+    if action == "clear":
+        clear_run(run_dir)
+    return action == "resume"
 
 
 EXPLOSION_FACTOR = 1e3
@@ -102,23 +130,29 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
       The summary also written to ``summary.json``.
     """
     run_dir = Path(run_dir)
-    if initialize_distributed(config.parallel.coordinator_address, config.parallel.num_processes,
-                              config.parallel.process_id) and jax.process_index() > 0:
+    if join_processes(config) and jax.process_index() > 0:
         run_dir = run_dir / f".process_{jax.process_index()}"  # process 0 writes the run; the others keep a copy
-    _prepare_directory(config, run_dir, resume, overwrite)
+    with StopOnSignal(f"the run in {run_dir}") as stop_request:
+        return _run(config, run_dir, resume, overwrite, progress, stop_after_round, experiment, stop_request)
+
+
+def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, stop_after_round: int | None,
+         experiment: Experiment | None, stop_request: StopOnSignal) -> dict[str, Any]:
+    resumed = prepare_run_directory(config, run_dir, resume, overwrite)
     finished = run_dir / "summary.json"
-    if resume and finished.exists() and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds:
+    if resumed and finished.exists() and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds:
         print(f"fedjax-lab: {run_dir} has finished all {config.rounds.num_rounds} rounds; nothing to resume "
               "(its results are unchanged)", file=sys.stderr)
         return json.loads(finished.read_text())
     experiment = experiment or build_experiment(config)
     directory = RunDirectory(run_dir, config.checkpoint.keep)
     state = experiment.initial_state()
-    if resume and directory.latest_checkpoint_round() is not None:
+    if resumed:
         state = directory.restore_checkpoint(state)
         directory.truncate_metrics(int(state.round))
+        (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when the run finishes
     else:
-        directory.config_path.write_text(to_yaml(config))
+        write_atomically(directory.config_path, to_yaml(config))
         write_partition_report(experiment.dataset, run_dir, {"seed": config.seed})
         directory.metrics_path.write_text("")
         directory.append_metrics([{"round": 0, **experiment.evaluate(state)}])
@@ -130,10 +164,14 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
                desc=experiment.dataset.name)
     timings: list[tuple[int, float]] = []
     try:
-        state, diverged = _run_blocks(experiment, directory, state, stop, initial_test_loss, bar, timings)
+        state, diverged = _run_blocks(experiment, directory, state, stop, initial_test_loss, bar, timings,
+                                      stop_request)
+    except StopRequested as request:
+        bar.close()
+        raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"], request.signum) from None
     except KeyboardInterrupt:
         bar.close()
-        raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"]) from None
+        raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"], checkpointed=False) from None
     bar.close()
     summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
     if int(state.round) == total or diverged:
@@ -145,13 +183,21 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
 
 
 def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: int, initial_test_loss: float, bar,
-                timings: list) -> tuple[Any, str | None]:
+                timings: list, stop_request: StopOnSignal) -> tuple[Any, str | None]:
     """Runs compiled blocks of rounds until round ``stop`` or divergence, writing metrics and checkpoints as it
-    goes; returns the state and why the run diverged (or ``None``)."""
+    goes; returns the state and why the run diverged (or ``None``).
+
+    Raises:
+      StopRequested: a signal arrived; the state so far is checkpointed first.
+    """
     config = experiment.config
     total, every = config.rounds.num_rounds, config.eval.every
     blocks_run, diverged = 0, None
     while int(state.round) < stop and not diverged:
+        if stop_request.signum is not None:
+            if int(state.round) > 0:
+                directory.save_checkpoint(state)
+            stop_request.check()
         first = int(state.round)
         num_rounds = min(every - first % every, stop - first)
         start = time.perf_counter()

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,8 +37,22 @@ from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.build import CONV_MODELS, build_experiment
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
-from fedjax_lab.experiments.run_directory import RunDirectory, read_metrics, split_arrays
-from fedjax_lab.experiments.runner import _block_rows, _summarise, divergence, run_experiment
+from fedjax_lab.experiments.run_directory import (
+    RunDirectory,
+    clear_run,
+    holds_run,
+    read_metrics,
+    split_arrays,
+    write_atomically,
+)
+from fedjax_lab.experiments.runner import (
+    _block_rows,
+    _summarise,
+    check_run_directory,
+    divergence,
+    run_experiment,
+)
+from fedjax_lab.experiments.signals import RunInterrupted, StopOnSignal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +73,10 @@ def expand(config: Config, grid: Grid) -> list[Member]:
     for key, values in grid.items():
         if not values:
             raise ConfigError(f"grid {key}: give at least one value")
+        repeated = [v for i, v in enumerate(values) if v in values[:i]]
+        if repeated:
+            raise ConfigError(f"grid {key}: {repeated[0]!r} is listed twice in {values}; each member needs its own "
+                              "values (and run directory)")
     raw = config.model_dump(mode="json")
     if "seed" in grid and "seed" in type(config.dataset).model_fields and raw["dataset"].get("seed") is None:
         raw["dataset"]["seed"] = config.seed  # the data stays the base config's; only training randomness varies
@@ -74,6 +91,11 @@ def expand(config: Config, grid: Grid) -> list[Member]:
             members.append(Member(name, values, validate(member_raw)))
         except ConfigError as error:
             raise ConfigError(f"sweep member {name}: {error}") from None
+    names = [m.name for m in members]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    if shared:
+        raise ConfigError(f"grid: several members would share the run directory {shared[0]!r}; give values that "
+                          "differ as written")
     return members
 
 
@@ -130,6 +152,8 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
       stop_after_round: stop early, as an interruption would.
     """
     sweep_dir = Path(sweep_dir or "runs/sweep")
+    if member_chunk is not None and member_chunk < 1:
+        raise ConfigError(f"--chunk must be at least 1, got {member_chunk}")
     members = expand(config, grid)
     reason = why_not_one_program(members) if len(members) > 1 else "a single member"
     chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
@@ -138,8 +162,11 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
                   "--chunk N vmaps them anyway")
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
-    if overwrite and sweep_dir.exists():
-        shutil.rmtree(sweep_dir)
+    if overwrite and sweep_dir.exists():  # the members' runs and the table; nothing else in the folder
+        for member in members:
+            clear_run(sweep_dir / member.name)
+        for name in ("sweep.json", "sweep.md", "curves.png"):
+            (sweep_dir / name).unlink(missing_ok=True)
     start = time.perf_counter()
     if reason is None:
         devices = sweep_devices(config)
@@ -152,12 +179,16 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
         layout = f"one program, {chunk} member(s) vmapped at a time" + (
             f" on each of {devices} devices" if devices > 1 else "")
         print(f"fedjax-lab: sweep of {len(members)} members as {layout}", file=sys.stderr)
-        summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round)
+        with StopOnSignal(f"the sweep in {sweep_dir}") as stop_request:
+            summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round, stop_request)
     else:
         layout = f"one after another ({reason})"
         print(f"fedjax-lab: sweep of {len(members)} members runs {layout}", file=sys.stderr)
-        summaries = [run_experiment(m.config, sweep_dir / m.name, resume=resume, progress=progress,
-                                    stop_after_round=stop_after_round) for m in members]
+        for member in members:  # every member's directory checked before any runs
+            check_run_directory(member.config, sweep_dir / member.name, resume, overwrite=False)
+        with StopOnSignal(f"the sweep in {sweep_dir}"):
+            summaries = [run_experiment(m.config, sweep_dir / m.name, resume=resume, progress=progress,
+                                        stop_after_round=stop_after_round) for m in members]
     return write_sweep_report(sweep_dir, members, summaries, grid, layout, time.perf_counter() - start)
 
 
@@ -234,24 +265,37 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
 
 
 def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bool, progress: bool,
-                  stop_after_round: int | None) -> list[dict[str, Any]]:
+                  stop_after_round: int | None, stop_request: StopOnSignal) -> list[dict[str, Any]]:
     """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics, checkpoint."""
     total = members[0].config.rounds.num_rounds
-    finished = [sweep_dir / m.name / "summary.json" for m in members]
-    if resume and all(f.exists() and read_metrics(f.parent)[-1]["round"] == total for f in finished):
-        print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
-              file=sys.stderr)
-        return [json.loads(f.read_text()) for f in finished]
-    taken = [m.name for m in members if (sweep_dir / m.name / "config.yaml").exists()]
+    taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
     if taken and not resume:
         raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members ({', '.join(taken)}); "
                           "pass --resume to continue them or --overwrite to start again")
+    plans = [check_run_directory(m.config, sweep_dir / m.name, resume, overwrite=False) for m in members]
+    resumed = [action == "resume" for action, _ in plans]
+    if any(resumed) and not all(resumed):
+        fresh = [m.name for m, r in zip(members, resumed) if not r]
+        raise ConfigError(f"cannot resume {sweep_dir} as one program: members {', '.join(fresh)} have no checkpoint "
+                          "while the others have; resume each with fedjax-lab run MEMBER/config.yaml --run-dir "
+                          "MEMBER --resume, or start again with --overwrite")
+    finished = [sweep_dir / m.name / "summary.json" for m in members]
+    if all(resumed) and all(f.exists() and (read_metrics(f.parent) or [{}])[-1].get("round") == total
+                            for f in finished):
+        print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
+              file=sys.stderr)
+        return [json.loads(f.read_text()) for f in finished]
+    if not all(resumed):
+        if resume:
+            print(f"fedjax-lab: --resume: {sweep_dir} has no checkpoint yet; starting every member from round 0",
+                  file=sys.stderr)
+        for m in members:
+            clear_run(sweep_dir / m.name)
     program = build_sweep_program(members, chunk)
     experiment = program.experiment
     directories = [RunDirectory(sweep_dir / m.name, m.config.checkpoint.keep) for m in members]
     states = program.initial_states()
-    resumed = [d.latest_checkpoint_round() for d in directories] if resume else []
-    if resume and all(r is not None for r in resumed):
+    if all(resumed):
         states = _stack([d.restore_checkpoint(_member(states, i)) for i, d in enumerate(directories)])
         first = int(states.round[0])
         if any(int(r) != first for r in states.round):
@@ -259,9 +303,10 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
                               f"({sorted({int(r) for r in states.round})}); resume them one by one with fedjax-lab run")
         for d in directories:
             d.truncate_metrics(first)
+            (d.path / "summary.json").unlink(missing_ok=True)
     else:
         for i, (member, d) in enumerate(zip(members, directories)):
-            d.config_path.write_text(to_yaml(member.config))
+            write_atomically(d.config_path, to_yaml(member.config))
             write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
             d.metrics_path.write_text("")
             d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
@@ -275,6 +320,12 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
     bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress, dynamic_ncols=True,
                desc=f"sweep of {len(members)}")
     while int(states.round[0]) < stop:
+        if stop_request.signum is not None:
+            for i, d in enumerate(directories):
+                if not diverged[i] and int(states.round[0]) > 0:
+                    d.save_checkpoint(_member(states, i))
+            bar.close()
+            raise RunInterrupted(sweep_dir, int(states.round[0]), stop_request.signum)
         first = int(states.round[0])
         num_rounds = min(every - first % every, stop - first)
         begin = time.perf_counter()
@@ -345,21 +396,29 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
         finals = [rows[i]["final_accuracy"] for i in idx]
         bests = [rows[i]["best_accuracy"] for i in idx]
         groups.append({"setting": label, "members": len(idx), "final_mean": float(np.mean(finals)),
-                       "final_std": float(np.std(finals)), "best_mean": float(np.mean(bests)),
-                       "best_std": float(np.std(bests))})
+                       "final_std": _std(finals), "best_mean": float(np.mean(bests)), "best_std": _std(bests)})
     summary = {"grid": grid, "layout": layout, "seconds": seconds, "members": rows, "settings": groups}
-    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    write_atomically(sweep_dir / "sweep.json", json.dumps(summary, indent=1, default=str) + "\n")
     lines = [f"# Sweep: {len(members)} members, {layout}, {seconds:.0f} s", "",
              "| member | final accuracy | best accuracy (round) | diverged |", "|---|---:|---:|---|"]
     lines += [f"| {r['member']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} ({r['best_round']}) | "
               f"{r['diverged'] or ''} |" for r in rows]
-    lines += ["", "Over seeds (mean ± std):", "", "| setting | members | final accuracy | best accuracy |",
-              "|---|---:|---:|---:|"]
-    lines += [f"| {g['setting']} | {g['members']} | {g['final_mean']:.4f} ± {g['final_std']:.4f} | "
-              f"{g['best_mean']:.4f} ± {g['best_std']:.4f} |" for g in groups]
+    lines += ["", "Over seeds (mean ± sample standard deviation, ddof 1; one member: no spread):", "",
+              "| setting | members | final accuracy | best accuracy |", "|---|---:|---:|---:|"]
+    lines += [f"| {g['setting']} | {g['members']} | {g['final_mean']:.4f}{_spread(g['final_std'])} | "
+              f"{g['best_mean']:.4f}{_spread(g['best_std'])} |" for g in groups]
     (sweep_dir / "sweep.md").write_text("\n".join(lines) + "\n")
     _plot_spread(sweep_dir, members, settings)
     return summary
+
+
+def _std(values: list[float]) -> float | None:
+    """The sample standard deviation (ddof 1), or ``None`` for a single value."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def _spread(std: float | None) -> str:
+    return "" if std is None else f" ± {std:.4f}"
 
 
 def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, list[int]]) -> None:
@@ -375,7 +434,7 @@ def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, lis
         length = min(len(c) for c in curves)
         rounds = np.array([x for x, _ in curves[0][:length]])
         accuracy = np.array([[y for _, y in c[:length]] for c in curves])
-        mean, std = accuracy.mean(0), accuracy.std(0)
+        mean, std = accuracy.mean(0), accuracy.std(0, ddof=1) if len(idx) > 1 else np.zeros(length)
         (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(idx)})")
         ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
