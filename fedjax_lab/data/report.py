@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_lab.data.files import DataFileError, read_npz
 from fedjax_lab.data.partitions import ClientRows
 
 
@@ -19,12 +20,19 @@ def save_partition(path: str | Path, client_rows: ClientRows, meta: dict) -> Non
 
 def load_partition(path: str | Path) -> tuple[ClientRows, dict]:
     """Reads what :func:`save_partition` wrote: ``(client_rows, meta)``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset.partition.file: no saved partition at {path}")
-    with np.load(path) as z:
-        offsets, rows = z["offsets"], z["rows"]
+    what = "a partition file (rows, offsets, meta)"
+    hint = "write one with fedjax-lab partition CONFIG --out FOLDER (or take a run directory's partition.npz)"
+    z = read_npz(path, "dataset.partition.file", what, ("rows", "offsets", "meta"), hint)
+    offsets, rows = z["offsets"], z["rows"]
+    try:
         meta = json.loads(str(z["meta"]))
+    except ValueError:
+        meta = None
+    if (not isinstance(meta, dict) or offsets.ndim != 1 or rows.ndim != 1 or not len(offsets)
+            or offsets[0] != 0 or offsets[-1] != len(rows) or np.any(np.diff(offsets) < 0)
+            or not np.issubdtype(rows.dtype, np.integer)):
+        raise DataFileError(f"dataset.partition.file: {path} is not {what}: its offsets, rows or meta are "
+                            f"inconsistent; {hint}")
     return [rows[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)], meta
 
 

@@ -9,13 +9,12 @@ the input ``piece[:-1]`` and the label ``piece[1:]``. Padding labels are exclude
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 
 from fedjax_lab.data.federated import FederatedDataset, index_table
+from fedjax_lab.data.files import DataFileError, read_json_gz
 from fedjax_lab.data.sources import default_data_dir
 
 VOCAB = list("dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\naeimquyAEIMQUY]!%)-159\r")
@@ -48,10 +47,11 @@ def load_shakespeare(data_dir: str | Path | None = None, sequence_length: int = 
       num_clients: keep only the first ``num_clients`` roles (all 715 by default).
     """
     path = Path(data_dir or default_data_dir()) / "shakespeare" / "shakespeare_tff.json.gz"
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset.data_dir: shakespeare archive not found at {path}")
-    with gzip.open(path, "rt") as f:
-        raw = json.load(f)
+    what = "the Shakespeare archive ({'train': {role: [snippets]}, 'test': ...})"
+    raw = read_json_gz(path, "dataset.data_dir", what, "set dataset.data_dir or $FEDJAX_LAB_DATA to the folder "
+                                                         "holding shakespeare/shakespeare_tff.json.gz")
+    if not (isinstance(raw, dict) and isinstance(raw.get("train"), dict) and isinstance(raw.get("test"), dict)):
+        raise DataFileError(f"dataset.data_dir: {path} is not {what}")
     train_parts, test_parts = [], []
     for client_id in sorted(raw["train"]):
         train = _client_examples(raw["train"][client_id], sequence_length)

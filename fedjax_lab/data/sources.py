@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_lab.data.files import DataFileError, read_npz
+
 LOCAL_FILES = {
     "mnist": "mnist/mnist.npz",
     "fashion_mnist": "fashion_mnist/fashion_mnist.npz",
@@ -123,16 +125,28 @@ def load_archive(path: str | Path, name: str | None = None, labels: str = "fine"
       labels: ``'fine'`` or ``'coarse'`` (CIFAR-100's 20 superclasses).
     """
     path = Path(path)
-    with np.load(path) as archive:
-        if "x_train_webp" in archive:
-            images = _cached_decode(path, archive)
-        else:
-            images = {"train": archive["x_train"], "test": archive["x_test"]}
-        suffix = "_coarse" if labels == "coarse" else ""
-        if f"y_train{suffix}" not in archive:
-            raise ValueError(f"dataset.labels: {path.name} has no {labels!r} labels")
-        y_train, y_test = archive[f"y_train{suffix}"], archive[f"y_test{suffix}"]
-        class_names = tuple(str(c) for c in archive[f"{labels}_label_names" if suffix else "label_names"])
+    what = f"a {name or path.stem} archive (x_train, y_train, x_test, y_test, label_names)"
+    hint = "fetch it again (docs/data.md)"
+    archive = read_npz(path, "dataset.data_dir", what, ("y_train", "y_test", "label_names"), hint)
+    webp = "x_train_webp" in archive
+    images_needed = ("x_train_webp", "x_train_offsets", "x_test_webp", "x_test_offsets") if webp else ("x_train",
+                                                                                                     "x_test")
+    missing = [k for k in images_needed if k not in archive]
+    if missing:
+        raise DataFileError(f"dataset.data_dir: {path} is not {what}: it lacks {', '.join(missing)}; {hint}")
+    try:
+        images = _cached_decode(path, archive) if webp else {"train": archive["x_train"], "test": archive["x_test"]}
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors for a damaged image
+        raise DataFileError(f"dataset.data_dir: the images of {path} cannot be decoded ({type(exc).__name__}: "
+                            f"{exc}); {hint}") from None
+    suffix = "_coarse" if labels == "coarse" else ""
+    if f"y_train{suffix}" not in archive:
+        raise ValueError(f"dataset.labels: {path.name} has no {labels!r} labels")
+    y_train, y_test = archive[f"y_train{suffix}"], archive[f"y_test{suffix}"]
+    class_names = tuple(str(c) for c in archive[f"{labels}_label_names" if suffix else "label_names"])
+    if len(y_train) != len(images["train"]) or len(y_test) != len(images["test"]):
+        raise DataFileError(f"dataset.data_dir: {path} holds {len(images['train'])} training images but "
+                            f"{len(y_train)} labels (test: {len(images['test'])}, {len(y_test)}); {hint}")
     return CentralDataset(name or path.stem, {"x": images["train"], "y": y_train.astype(np.int32)},
                           {"x": images["test"], "y": y_test.astype(np.int32)}, len(class_names), class_names)
 

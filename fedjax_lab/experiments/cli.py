@@ -76,9 +76,10 @@ def _run(args) -> int:
               f"{summary['best_test_accuracy']:.4f} at round {summary['best_round']}; results in {run_dir}/",
               file=sys.stderr)
         return EXIT_DIVERGED
+    speed = f"{summary['rounds_per_second']:.2f} rounds/s" if summary.get("rounds_per_second") else "no rounds run"
     print(f"round {summary['rounds']}: test accuracy {final['test_accuracy']:.4f}, test loss "
           f"{final['test_loss']:.4f}; best {summary['best_test_accuracy']:.4f} at round {summary['best_round']}; "
-          f"{summary['rounds_per_second']:.2f} rounds/s on {summary['backend']}")
+          f"{speed} on {summary['backend']}")
     print(f"results in {run_dir}/ (metrics.jsonl, summary.json, curves.png)")
     return 0
 
@@ -172,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         print("fedjax-lab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as error:
-        where = f" {error.filename}" if error.filename else ""
+        where = f" at {error.filename}" if error.filename else ""
         resume = " and continue with --resume" if args.command in ("run", "sweep") else ""
-        print(f"fedjax-lab: error: cannot write or read{where}: {error.strerror or error}; free space (or fix the "
-              f"permissions){resume}", file=sys.stderr)
+        print(f"fedjax-lab: error: {error.strerror or error}{where}; free space (or fix the permissions){resume}",
+              file=sys.stderr)
         return EXIT_RUN_FAILED
     except Exception as error:
         from fedjax_lab.experiments.run_directory import RunDirectoryError

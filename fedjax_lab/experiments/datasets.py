@@ -105,6 +105,37 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
     return {"x": data.train["x"][server_rows], "y": labels[server_rows]}, rest
 
 
+def _base_name(name: str) -> str:
+    """A dataset's name without what the run made of it (``mnist-parity``, ``mnist (centralized)``: ``mnist``)."""
+    return name.split(" (")[0].removesuffix("-parity")
+
+
+def reload_partition(path: str, num_clients: int, dataset_name: str, client_rows: np.ndarray) -> list[np.ndarray]:
+    """A saved partition (``dataset.partition.file``), checked against the run: its dataset, its number of
+    clients, and rows that are all among ``client_rows`` (the training rows left for clients: not past the end
+    of the data, or of ``dataset.subset``, and none of the server's).
+
+    Raises:
+      ConfigError: the file cannot be read, or it was made for other data.
+    """
+    rows, meta = load_partition(path)
+    saved = meta.get("dataset")
+    if isinstance(saved, str) and _base_name(saved) != _base_name(dataset_name):
+        raise ConfigError(f"dataset.partition.file: {path} was made for {saved!r}, not {dataset_name!r}; partition "
+                          f"{dataset_name} with fedjax-lab partition, or use that dataset")
+    if len(rows) != num_clients:
+        raise ConfigError(f"dataset.partition.file holds {len(rows)} clients, but dataset.partition.num_clients is "
+                          f"{num_clients}")
+    every = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    outside = every[~np.isin(every, client_rows)]
+    if len(outside):
+        raise ConfigError(f"dataset.partition.file: {path} deals rows the clients cannot have ({len(outside)} of "
+                          f"{len(every)}, e.g. row {int(outside[0])}): the clients' rows here are "
+                          f"{len(client_rows)} of {dataset_name} (after dataset.subset and dataset.server_data); "
+                          "was it made for a larger dataset or other server data?")
+    return rows
+
+
 def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
     """Loads, carves server data, partitions the rest (or reloads ``partition.file``) and indexes the clients.
 
@@ -124,10 +155,7 @@ def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
         server, rows = server_split(d, d.server_data, data, seed)
     p = d.partition
     if p.file:
-        client_rows, _ = load_partition(p.file)
-        if len(client_rows) != p.num_clients:
-            raise ConfigError(f"dataset.partition.file holds {len(client_rows)} clients, but "
-                              f"dataset.partition.num_clients is {p.num_clients}")
+        client_rows = reload_partition(p.file, p.num_clients, data.name, rows)
     else:
         labels, num_classes = data.train["y"], data.num_classes
         if p.by == "fine_label":

@@ -15,8 +15,11 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -62,7 +65,10 @@ def clear_run(path: str | Path) -> None:
 def write_atomically(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the new."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0o600
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -93,10 +99,13 @@ class RunDirectory:
     def append_metrics(self, rows: list[dict[str, Any]]) -> None:
         """Appends rows to ``metrics.jsonl`` and flushes them to disk (a kill mid-write leaves at most a torn last
         line, which :func:`read_metrics` drops)."""
-        with self.metrics_path.open("a") as f:
-            f.write("".join(json.dumps(row) + "\n" for row in rows))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with self.metrics_path.open("a") as f:
+                f.write("".join(json.dumps(row) + "\n" for row in rows))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.metrics_path)) from None
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
@@ -135,15 +144,20 @@ class RunDirectory:
         step = int(state.round)
         if step in self._checkpoints.all_steps():
             return
-        try:
-            self._checkpoints.save(step, args=ocp.args.StandardSave(state))
-            self._checkpoints.wait_until_finished()
-        except Exception as exc:  # Orbax wraps the file system's errors in its own
-            reason = _root_cause(exc)
-            if isinstance(reason, OSError):
-                raise OSError(reason.errno, f"{reason.strerror or reason} (writing the checkpoint of round {step})",
-                              str(self.path / "checkpoints")) from exc
-            raise
+        with _held_stderr() as held:
+            try:
+                self._checkpoints.save(step, args=ocp.args.StandardSave(state))
+                self._checkpoints.wait_until_finished()
+            except Exception as exc:  # Orbax wraps the file system's errors in its own
+                code = _os_error_code(exc)
+                if code is None:
+                    raise
+                logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the rest of Orbax's writes fail alike
+                held.discard()  # a page of tracebacks from Orbax's threads, all saying what ``code`` says
+                for partial in (self.path / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(partial, ignore_errors=True)
+                raise OSError(code, f"{os.strerror(code)} (writing the checkpoint of round {step})",
+                              str(self.path / "checkpoints")) from None
 
     def latest_checkpoint_round(self) -> int | None:
         return self._checkpoints.latest_step()
@@ -171,13 +185,53 @@ class RunDirectory:
         raise CheckpointError(f"no readable checkpoint in {self.path / 'checkpoints'}; start again with --overwrite")
 
 
-def _root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of a chain (``raise ... from``, or raised while handling another)."""
+class _HeldOutput:
+    def __init__(self):
+        self.keep = True
+
+    def discard(self) -> None:
+        self.keep = False
+
+
+@contextlib.contextmanager
+def _held_stderr():
+    """Holds back what is written to file descriptor 2 (Orbax's threads log there) and writes it out at the end,
+    unless :meth:`_HeldOutput.discard` was called. A no-op where descriptor 2 cannot be redirected."""
+    held = _HeldOutput()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield held
+        return
+    with tempfile.TemporaryFile() as buffer:
+        os.dup2(buffer.fileno(), 2)
+        try:
+            yield held
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if held.keep:
+                buffer.seek(0)
+                text = buffer.read().decode(errors="replace")
+                if text:
+                    sys.stderr.write(text)
+
+
+def _os_error_code(exc: BaseException) -> int | None:
+    """The operating system's error number behind an exception: an ``OSError`` in its chain, or the
+    ``os_error_code='N'`` that TensorStore (under Orbax) writes into its messages; ``None`` if there is none."""
     seen = set()
-    while id(exc) not in seen and (exc.__cause__ or exc.__context__) is not None:
+    while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        found = re.search(r"os_error_code='?(\d+)", str(exc))
+        if found:
+            return int(found.group(1))
         exc = exc.__cause__ or exc.__context__
-    return exc
+    return None
 
 
 def _parse_row(line: str) -> dict[str, Any] | None:
