@@ -62,6 +62,17 @@ def clear_run(path: str | Path) -> None:
             entry.unlink()
 
 
+@contextlib.contextmanager
+def naming(path: str | Path):
+    """Adds ``path`` to an ``OSError`` raised inside that names no file (matplotlib's, for a full disk)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename or not exc.errno:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the new."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

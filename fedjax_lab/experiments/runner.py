@@ -22,6 +22,7 @@ from fedjax_lab.experiments.run_directory import (
     RunDirectoryError,
     clear_run,
     holds_run,
+    naming,
     read_metrics,
     split_arrays,
     write_atomically,
@@ -153,7 +154,8 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
         (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when the run finishes
     else:
         write_atomically(directory.config_path, to_yaml(config))
-        write_partition_report(experiment.dataset, run_dir, {"seed": config.seed})
+        with naming(run_dir / "partition.*"):
+            write_partition_report(experiment.dataset, run_dir, {"seed": config.seed})
         directory.metrics_path.write_text("")
         directory.append_metrics([{"round": 0, **experiment.evaluate(state)}])
 
@@ -176,9 +178,11 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
     summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
     if int(state.round) == total or diverged:
         directory.write_summary(summary)
-        plot_runs([run_dir], run_dir / "curves.png")
+        with naming(run_dir / "curves.png"):
+            plot_runs([run_dir], run_dir / "curves.png")
         if experiment.plan.asynchronous:
-            plot_staleness([run_dir], run_dir / "staleness.png")
+            with naming(run_dir / "staleness.png"):
+                plot_staleness([run_dir], run_dir / "staleness.png")
     return summary
 
 

@@ -47,6 +47,10 @@ def resume_command(run_dir: Path) -> str:
     return f"fedjax-lab run {run_dir}/config.yaml --run-dir {run_dir} --resume"
 
 
+def _exit_at_once(signum: int, frame) -> None:
+    os._exit(128 + signum)
+
+
 class StopOnSignal:
     """Context manager: while active, SIGINT and SIGTERM set :attr:`signum` instead of raising; the host loop
     calls :meth:`check` between blocks. Outside the main thread (where Python cannot install handlers) it does
@@ -118,7 +122,9 @@ class StopOnSignal:
             return
         signal.set_wakeup_fd(self._previous_fd)
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            # After a stop the results are written: a further signal (an impatient second Ctrl-C while the
+            # process winds down) ends it at once rather than with a KeyboardInterrupt inside JAX's clean-up.
+            signal.signal(s, _exit_at_once if self._signum is not None else handler)
         os.close(self._pipe[1])  # ends the reader
         self._reader.join(timeout=1)
         os.close(self._pipe[0])

@@ -41,6 +41,7 @@ from fedjax_lab.experiments.run_directory import (
     RunDirectory,
     clear_run,
     holds_run,
+    naming,
     read_metrics,
     split_arrays,
     write_atomically,
@@ -307,7 +308,8 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
     else:
         for i, (member, d) in enumerate(zip(members, directories)):
             write_atomically(d.config_path, to_yaml(member.config))
-            write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
+            with naming(d.path / "partition.*"):
+                write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
             d.metrics_path.write_text("")
             d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
 
@@ -360,7 +362,8 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
             d.write_summary(summary)
             from fedjax_lab.experiments.plots import plot_runs
 
-            plot_runs([d.path], d.path / "curves.png")
+            with naming(d.path / "curves.png"):
+                plot_runs([d.path], d.path / "curves.png")
         summaries.append(summary)
     return summaries
 
