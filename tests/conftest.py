@@ -68,10 +68,19 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 @pytest.fixture(scope="session")
 def image_root(tmp_path_factory):
     """A 3-class image-folder dataset of 16x16 RGB images: 30 train and 9 test per class."""
+    return _image_folder(tmp_path_factory.mktemp("images"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_image_root(tmp_path_factory):
+    """Other images of :func:`image_root`'s classes (another draw): out-of-domain data for it."""
+    return _image_folder(tmp_path_factory.mktemp("other_images"), seed=1)
+
+
+def _image_folder(root, seed: int):
     from PIL import Image
 
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.RandomState(0)
+    rng = np.random.RandomState(seed)
     for split, n in (("train", 30), ("test", 9)):
         for k, name in enumerate(("red", "green", "blue")):
             (root / split / name).mkdir(parents=True)

@@ -183,32 +183,32 @@ def test_pretraining_lowers_the_leash_loss_and_leaves_the_fl_head(tiny_classifie
     assert np.array_equal(params["params"]["output"]["kernel"], trained["params"]["output"]["kernel"])
 
 
-def _image_config(image_root, fedwalk=None, **algorithm):
+def _image_config(image_root, other_image_root, fedwalk=None, **algorithm):
     if fedwalk is not None:
         algorithm["plugins"] = [{"name": "fedwalk", **fedwalk}]
     return {"dataset": {"name": "image_folder", "data_dir": str(image_root),
                         "partition": {"name": "iid", "num_clients": 6},
                         "server_data": {"kind": "out_of_domain", "dataset": "image_folder", "size": 40,
-                                        "classes": ["blue", "red"]}},
+                                        "data_dir": str(other_image_root), "classes": ["blue", "red"]}},
             "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg", **algorithm},
             "client": {"batch_size": 8, "local_steps": 2, "learning_rate": 0.05},
             "rounds": {"num_rounds": 2, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
 
 
-def test_fedwalk_without_a_leash_set_fails_validation_naming_the_field(image_root):
-    raw = _image_config(image_root, fedwalk={"tau": 0.5})
+def test_fedwalk_without_a_leash_set_fails_validation_naming_the_field(image_root, other_image_root):
+    raw = _image_config(image_root, other_image_root, fedwalk={"tau": 0.5})
     del raw["dataset"]["server_data"]
     with pytest.raises(ConfigError, match="algorithm: fedwalk needs data held by the server: set dataset.server_data"):
         validate(raw)
 
 
-def test_leash_classes_are_chosen_by_name_and_relabelled_in_list_order(image_root):
-    data = build_experiment(validate(_image_config(image_root, fedwalk={}))).dataset
+def test_leash_classes_are_chosen_by_name_and_relabelled_in_list_order(image_root, other_image_root):
+    data = build_experiment(validate(_image_config(image_root, other_image_root, fedwalk={}))).dataset
     blue_first = data.server["x"][data.server["y"] == 0]
     red_second = data.server["x"][data.server["y"] == 1]
     assert set(np.unique(data.server["y"])) == {0, 1} and len(data.server["y"]) == 40
     assert (blue_first[..., 2].mean() > 150) and (red_second[..., 0].mean() > 150)
-    raw = _image_config(image_root, fedwalk={})
+    raw = _image_config(image_root, other_image_root, fedwalk={})
     raw["dataset"]["server_data"]["classes"] = ["blue", "rde"]
     with pytest.raises(ConfigError, match="dataset.server_data.classes: .* no class 'rde'; did you mean 'red'"):
         build_experiment(validate(raw))
@@ -216,8 +216,8 @@ def test_leash_classes_are_chosen_by_name_and_relabelled_in_list_order(image_roo
 
 @pytest.mark.parametrize("algorithm", [{"name": "scaffold", "fedwalk": {"steps": 2}},
                                        {"name": "fedavg", "fedwalk": {"mode": "pretrain", "pretrain_steps": 3}}])
-def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, tmp_path, algorithm):
-    summary = run_experiment(validate(_image_config(image_root, **algorithm)), tmp_path, progress=False)
+def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, other_image_root, tmp_path, algorithm):
+    summary = run_experiment(validate(_image_config(image_root, other_image_root, **algorithm)), tmp_path, progress=False)
     rows = read_metrics(tmp_path)
     assert np.isfinite(summary["final"]["test_loss"]) and summary["diverged"] is None
     if algorithm["fedwalk"].get("mode") == "pretrain":
@@ -226,9 +226,9 @@ def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, tmp_path, algo
         assert rows[1]["leash_open"] == 1.0 and rows[-1]["leash_steps_taken"] == 2.0 * rows[-1]["round"]
 
 
-def test_pretrained_fedwalk_starts_from_the_pretrained_model_and_leash_head(image_root):
-    scratch = build_experiment(validate(_image_config(image_root, fedwalk={}))).initial_state()
-    experiment = build_experiment(validate(_image_config(image_root, fedwalk={"pretrain_steps": 5})))
+def test_pretrained_fedwalk_starts_from_the_pretrained_model_and_leash_head(image_root, other_image_root):
+    scratch = build_experiment(validate(_image_config(image_root, other_image_root, fedwalk={}))).initial_state()
+    experiment = build_experiment(validate(_image_config(image_root, other_image_root, fedwalk={"pretrain_steps": 5})))
     state = experiment.initial_state()
     head_key = component_key(randomness.init_key(randomness.base_key(0)), "fedwalk")
     leash = LeashTask(experiment.classifier, 2)

@@ -83,6 +83,8 @@ class ServerDataConfig(Section):
     kind: Literal["in_domain", "out_of_domain", "withheld_classes"]
     size: PositiveInt = 1000
     dataset: str | None = Field(None, description="out_of_domain: another dataset of the same source")
+    data_dir: str | None = Field(None, description="out_of_domain: where that dataset is (default dataset.data_dir; "
+                                                   "for image_folder, the other dataset's root)")
     classes: tuple[int | str, ...] = Field((), description="withheld_classes: classes no client sees; "
                                                            "out_of_domain: the other dataset's classes to keep "
                                                            "(relabelled 0, 1, ... in this order). Ids or names")
@@ -134,10 +136,12 @@ class ImageDataset(Section):
         if self.name == "image_folder" and not self.data_dir:
             raise ValueError("dataset.data_dir is required for image_folder (root of train/<class>/<image>)")
         s = self.server_data
-        if s is not None and s.kind == "out_of_domain" and s.dataset in (self.name, self.tfds_name):
+        same_folder = s is not None and s.data_dir in (None, self.data_dir)
+        if s is not None and s.kind == "out_of_domain" and s.dataset in (self.name, self.tfds_name) and same_folder:
             raise ValueError(f"dataset.server_data.dataset: out-of-domain data must come from another dataset than "
                              f"dataset.name={self.name!r} (its rows would duplicate the clients'); use "
-                             "dataset.server_data.kind=in_domain to carve server data from the training rows")
+                             "dataset.server_data.kind=in_domain to carve server data from the training rows, or "
+                             "dataset.server_data.data_dir for another copy")
         if self.partition.by == "fine_label" and (self.name != "cifar100" or self.labels != "coarse"):
             raise ValueError("dataset.partition.by: fine_label needs dataset.name=cifar100 and dataset.labels=coarse, "
                              f"got name={self.name!r}, labels={self.labels!r}")

@@ -89,7 +89,7 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
     elif s.kind == "withheld_classes":
         server_rows, rest = withhold_classes(labels, class_ids(s.classes, data), s.size, seed)
     else:
-        other = load_central(d, s.dataset, relabel=False)
+        other = load_central(d.model_copy(update={"data_dir": s.data_dir or d.data_dir}), s.dataset, relabel=False)
         if other.input_shape != data.input_shape:
             raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not match "
                               f"{d.name} inputs {data.input_shape}")
