@@ -5,6 +5,7 @@ process: its exit status, what it prints, what it leaves on disk); the other cas
 process, the same code less the interpreter start-up.
 """
 
+import os
 import shutil
 import signal
 import socket
@@ -118,11 +119,11 @@ disk (the limit and the ignored SIGXFSZ survive the ``exec``)."""
 
 
 @pytest.mark.parametrize("what, limit, overrides", [
-    ("metrics", 30_000, []),  # more than partition.png (17 kB), less than the metrics of 400 rounds
-    ("checkpoint", 400_000, ["model.hidden=[512,512]"]),  # a checkpoint of 2.6 MB
+    ("metrics", 30_000, ["rounds.num_rounds=400"]),  # more than partition.png (17 kB), less than these metrics
+    ("checkpoint", 200_000, ["model.hidden=[256,256]", "rounds.num_rounds=40"]),  # a checkpoint of 0.8 MB
 ])
 def test_a_full_disk_is_exit_4_with_a_message_and_the_run_resumes(tmp_path, what, limit, overrides):
-    raw = {**RAW, "rounds": {"num_rounds": 400, "clients_per_round": 4}, "checkpoint": {"every_blocks": 20}}
+    raw = {**RAW, "checkpoint": {"every_blocks": 20}}
     config, run_dir = _write(tmp_path, raw), tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-c", FILE_SIZE_LIMIT, str(limit), "run", config, *overrides,
                                 "--run-dir", str(run_dir), "--no-progress"], cwd=ROOT, text=True,
@@ -133,7 +134,7 @@ def test_a_full_disk_is_exit_4_with_a_message_and_the_run_resumes(tmp_path, what
     assert ("metrics.jsonl" if what == "metrics" else "writing the checkpoint of round") in err
     assert not list((run_dir / "checkpoints").glob("*tmp*"))  # the partial checkpoint is removed
     assert main(["run", config, *overrides, "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
-    assert read_metrics(run_dir)[-1]["round"] == 400
+    assert read_metrics(run_dir)[-1]["round"] == int(overrides[-1].split("=")[1])
 
 
 # ------------------------------------------------------------------------------------------ run files
@@ -370,3 +371,107 @@ def test_out_of_domain_server_data_must_come_from_another_dataset(tmp_path):
         validate(raw)
     with pytest.raises(ConfigError, match=r"dataset.server_data.sizee: unknown key; did you mean 'size'\?"):
         load_config(_write(tmp_path, IMAGE), ["dataset.server_data={kind: in_domain, sizee: 3}"])
+
+
+# ------------------------------------------------------------------------------- corners a review found
+def test_an_empty_checkpoints_folder_is_not_a_run(tmp_path):
+    from fedjax_lab.experiments.run_directory import RunDirectory, holds_run
+    from fedjax_lab.experiments.runner import check_run_directory
+
+    RunDirectory(tmp_path / "run")  # what a run that failed before writing anything leaves
+    assert not holds_run(tmp_path / "run")
+    assert check_run_directory(validate(RAW), tmp_path / "run", resume=False, overwrite=False) == ("start", None)
+
+
+def test_a_stored_config_is_compared_with_todays_defaults_filled_in():
+    from fedjax_lab.experiments.config import check_resumable, to_yaml
+
+    config = validate(RAW)
+    stored = yaml.safe_load(to_yaml(config))
+    del stored["eval"]["dissimilarity"], stored["parallel"]["init_timeout_s"]  # fields a later version added
+    check_resumable(yaml.safe_dump(stored), config, "run")
+    stored["client"]["learning_rate"] = 0.5
+    with pytest.raises(ConfigError, match="client.learning_rate: 0.5 stored, 0.1 given"):
+        check_resumable(yaml.safe_dump(stored), config, "run")
+
+
+def test_distributed_settings_keep_ipv6_brackets_and_leave_a_missing_id_to_the_cluster():
+    from fedjax_lab.experiments.config import ParallelConfig, distributed_settings
+
+    six = distributed_settings(ParallelConfig(coordinator_address="[::1]:1234", num_processes=2, process_id=1), {})
+    assert (six.coordinator_address, six.host, six.port, six.complete) == ("[::1]:1234", "::1", 1234, True)
+    slurm = distributed_settings(ParallelConfig(coordinator_address="h:1", num_processes=4), {})
+    assert not slurm.complete  # JAX reads the process id from SLURM, Open MPI or Kubernetes
+    assert distributed_settings(ParallelConfig(), {}) is None
+
+
+def test_a_silent_connection_does_not_hold_up_the_rendezvous():
+    import threading
+
+    from fedjax_lab.engine.sharding import rendezvous
+
+    port, left = _free_port(), {}
+
+    def process(index):
+        left[index] = rendezvous("127.0.0.1", port, 2, index, timeout_s=30, log=lambda line: None)
+
+    coordinator = threading.Thread(target=process, args=(0,))
+    coordinator.start()
+    _wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, timeout=10)
+    silent = socket.create_connection(("127.0.0.1", port))  # says nothing (a port scanner)
+    start = time.monotonic()
+    process(1)
+    coordinator.join(timeout=30)
+    silent.close()
+    assert set(left) == {0, 1} and time.monotonic() - start < 15  # the silent peer costs at most 5 s
+
+
+def test_outside_the_command_line_a_second_signal_raises_keyboard_interrupt_and_handlers_are_restored():
+    from fedjax_lab.experiments.signals import REPEAT_WINDOW_S, StopOnSignal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for(lambda: stop.signum == signal.SIGTERM, timeout=10)
+        time.sleep(REPEAT_WINDOW_S + 0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(500):
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_repeated_at_once_counts_once():
+    from fedjax_lab.experiments.signals import StopOnSignal
+
+    with StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # a wrapper forwarding the terminal's Ctrl-C as well
+        _wait_for(lambda: stop.signum == signal.SIGINT, timeout=10)
+        time.sleep(0.2)
+    assert stop.signum == signal.SIGINT
+
+
+def test_a_one_program_sweep_with_a_diverged_member_resumes_and_finishes(tmp_path):
+    from fedjax_lab.experiments.sweep import run_sweep
+
+    config = validate({**RAW, "rounds": {"num_rounds": 8, "clients_per_round": 4}})
+    grid = {"client.learning_rate": [0.1, 1e9]}
+    run_sweep(config, grid, tmp_path, progress=False, stop_after_round=4, member_chunk=2)
+    assert "diverged" in read_metrics(tmp_path / "client.learning_rate=1000000000.0")[-1]
+    summary = run_sweep(config, grid, tmp_path, resume=True, progress=False, member_chunk=2)
+    assert [m["diverged"] is not None for m in summary["members"]] == [False, True]
+    assert read_metrics(tmp_path / "client.learning_rate=0.1")[-1]["round"] == 8
+    assert "1000000000.0" in (tmp_path / "sweep.md").read_text()
+
+
+def test_an_image_folder_partition_reloads_from_a_copy_of_the_folder(tmp_path, image_root):
+    raw = {**RAW, "dataset": {"name": "image_folder", "data_dir": str(image_root),
+                              "partition": {"name": "iid", "num_clients": 4}},
+           "model": {"name": "logistic_regression"}}
+    assert main(["partition", _write(tmp_path, raw), "--out", str(tmp_path / "p")]) == 0
+    copy = shutil.copytree(image_root, tmp_path / "scratch" / "images")
+    raw["dataset"].update(data_dir=str(copy), partition={"name": "iid", "num_clients": 4,
+                                                         "file": str(tmp_path / "p" / "partition.npz")})
+    assert main(["partition", _write(tmp_path, raw, "copy.yaml"), "--out", str(tmp_path / "q")]) == 0
+    tables = [(tmp_path / out / "partition.md").read_text().split("\n", 1)[1] for out in ("p", "q")]
+    assert tables[0] == tables[1]  # the same clients (the title names the folder)

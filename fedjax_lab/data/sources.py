@@ -100,7 +100,11 @@ def _cached_decode(path: Path, archive) -> dict[str, np.ndarray]:
         file = folder / f"x_{split}.npy"
         if not file.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            images = decode_webp(archive[f"x_{split}_webp"], archive[f"x_{split}_offsets"])
+            try:
+                images = decode_webp(archive[f"x_{split}_webp"], archive[f"x_{split}_offsets"])
+            except (OSError, ValueError, SyntaxError, IndexError) as exc:  # Pillow's errors for a damaged image
+                raise DataFileError(f"dataset.data_dir: the {split} images of {path} cannot be decoded "
+                                    f"({type(exc).__name__}: {exc}); fetch it again (docs/data.md)") from None
             # A private temporary name per writer: several runs may decode the same archive at once, and a
             # shared name lets one rename another's half-written file into place.
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"x_{split}.", suffix=".tmp")
@@ -134,11 +138,7 @@ def load_archive(path: str | Path, name: str | None = None, labels: str = "fine"
     missing = [k for k in images_needed if k not in archive]
     if missing:
         raise DataFileError(f"dataset.data_dir: {path} is not {what}: it lacks {', '.join(missing)}; {hint}")
-    try:
-        images = _cached_decode(path, archive) if webp else {"train": archive["x_train"], "test": archive["x_test"]}
-    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors for a damaged image
-        raise DataFileError(f"dataset.data_dir: the images of {path} cannot be decoded ({type(exc).__name__}: "
-                            f"{exc}); {hint}") from None
+    images = _cached_decode(path, archive) if webp else {"train": archive["x_train"], "test": archive["x_test"]}
     suffix = "_coarse" if labels == "coarse" else ""
     if f"y_train{suffix}" not in archive:
         raise ValueError(f"dataset.labels: {path.name} has no {labels!r} labels")

@@ -26,10 +26,11 @@ class StartupError(RuntimeError):
     """The processes of a distributed run did not all meet within the start-up timeout."""
 
 
-def initialize_distributed(host: str, port: int, num_processes: int, process_id: int, timeout_s: float = 300.0,
-                           log: Callable[[str], None] | None = None) -> None:
+def initialize_distributed(coordinator_address: str, host: str, port: int, num_processes: int, process_id: int,
+                           timeout_s: float = 300.0, log: Callable[[str], None] | None = None) -> None:
     """Joins JAX's distributed runtime as process ``process_id`` of ``num_processes``, the coordinator (process 0)
-    at ``host:port``. Must run before anything touches a device; does nothing when already joined.
+    at ``coordinator_address`` (``host:port``, IPv6 hosts in brackets). Must run before anything touches a
+    device; does nothing when already joined.
 
     The processes first meet in :func:`rendezvous`, so a coordinator that cannot be reached, or processes that
     never start, end in a :class:`StartupError` after ``timeout_s`` instead of JAX's abort of the whole process.
@@ -37,31 +38,41 @@ def initialize_distributed(host: str, port: int, num_processes: int, process_id:
     if jax.distributed.is_initialized():
         return
     remaining = rendezvous(host, port, num_processes, process_id, timeout_s, log)
-    jax.distributed.initialize(coordinator_address=f"{host}:{port}", num_processes=num_processes,
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id, initialization_timeout=max(int(remaining), 30))
 
 
-_HELLO, _GO = "fedjax-lab hello", "go"
+_HELLO, _GO, _ACK = "fedjax-lab hello", "go", "ok"
+_HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is not one of ours
 
 
 def rendezvous(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
                log: Callable[[str], None] | None = None) -> float:
     """Waits until all ``num_processes`` processes have started: process 0 listens at ``host:port`` (the port JAX's
-    coordinator takes next) until every other process has said hello, then lets them all go on. Returns the
-    seconds left of ``timeout_s``.
+    coordinator takes next) until every other process has said hello, tells them all to go and waits for each to
+    acknowledge. Returns the seconds left of ``timeout_s``.
 
     Raises:
-      StartupError: the port cannot be listened on, the coordinator cannot be reached, or not every process
-        arrived within ``timeout_s`` (the message says which, and where).
+      StartupError: the port cannot be listened on, the coordinator's host is unknown or cannot be reached, or
+        not every process arrived (and answered) within ``timeout_s``; the message says which, and where.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     deadline = time.monotonic() + timeout_s
     where = f"{host}:{port}"
-    if process_id == 0:
-        _gather(port, num_processes, deadline, where, timeout_s, log)
-    else:
-        _report(host, port, num_processes, process_id, deadline, where, timeout_s, log)
+    try:
+        if process_id == 0:
+            _gather(port, num_processes, deadline, where, timeout_s, log)
+        else:
+            _report(host, port, num_processes, process_id, deadline, where, timeout_s, log)
+    except (OSError, ValueError) as exc:  # a peer gone mid-conversation, or one that spoke garbage
+        raise StartupError(f"the processes' start-up at {where} failed ({type(exc).__name__}: {exc})") from None
     return deadline - time.monotonic()
+
+
+def _readline(peer: socket.socket, timeout: float) -> str:
+    peer.settimeout(max(timeout, 0.001))
+    with peer.makefile() as stream:
+        return stream.readline().strip()
 
 
 def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_s: float, log) -> None:
@@ -85,14 +96,12 @@ def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_
                     raise StartupError(f"processes {missing} did not reach the coordinator at {where} within "
                                        f"{timeout_s:g} s (parallel.init_timeout_s); start each with the same config "
                                        "and its parallel.process_id") from None
-                peer.settimeout(max(deadline - time.monotonic(), 0.001))
                 try:
-                    words = peer.makefile().readline().split()
+                    words = _readline(peer, min(_HELLO_TIMEOUT_S, deadline - time.monotonic())).split()
                 except OSError:
-                    peer.close()
-                    continue
+                    words = []
                 if words[:2] != _HELLO.split() or len(words) != 4 or not (words[2] + words[3]).isdigit():
-                    peer.close()  # not one of ours: a port scanner, a stale client
+                    peer.close()  # not one of ours: a port scanner, a health check, a stale client
                     continue
                 index, count = int(words[2]), int(words[3])
                 if count != num_processes or index in joined or not 0 < index < num_processes:
@@ -104,12 +113,10 @@ def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_
                 joined[index] = peer
         for peer in joined.values():
             peer.sendall(f"{_GO}\n".encode())
-        for peer in joined.values():  # the others close first, so the port is free for JAX's coordinator
-            peer.settimeout(5)
-            try:
-                peer.recv(1)
-            except OSError:
-                pass
+        for index, peer in sorted(joined.items()):
+            if _readline(peer, max(deadline - time.monotonic(), _HELLO_TIMEOUT_S)) != _ACK:
+                raise StartupError(f"process {index} left before the start at {where} (its parallel.init_timeout_s "
+                                   "ran out first?); start them all again")
     finally:
         for peer in joined.values():
             peer.close()
@@ -123,6 +130,9 @@ def _report(host: str, port: int, num_processes: int, process_id: int, deadline:
         try:
             peer = socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5), 0.001))
             break
+        except socket.gaierror as exc:
+            raise StartupError(f"the coordinator's host {host!r} is unknown ({exc.strerror or exc}); check "
+                               "parallel.coordinator_address") from None
         except OSError as exc:
             if time.monotonic() >= deadline:
                 raise StartupError(f"the coordinator at {where} could not be reached within {timeout_s:g} s "
@@ -131,16 +141,17 @@ def _report(host: str, port: int, num_processes: int, process_id: int, deadline:
             time.sleep(0.2)
     with peer:
         peer.sendall(f"{_HELLO} {process_id} {num_processes}\n".encode())
-        peer.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
-            answer = peer.makefile().readline().strip()
+            answer = _readline(peer, deadline - time.monotonic())
         except OSError:
             answer = ""
-    if answer != _GO:
-        raise StartupError(f"the coordinator at {where} refused process {process_id}: {answer[6:]}" if
-                           answer.startswith("error") else
-                           f"the coordinator at {where} did not let process {process_id} start within {timeout_s:g} s "
-                           "(parallel.init_timeout_s): not every process arrived")
+        if answer == _GO:
+            peer.sendall(f"{_ACK}\n".encode())
+            return
+    raise StartupError(f"the coordinator at {where} refused process {process_id}: {answer[6:]}" if
+                       answer.startswith("error") else
+                       f"the coordinator at {where} did not let process {process_id} start within {timeout_s:g} s "
+                       "(parallel.init_timeout_s): not every process arrived")
 
 
 def client_mesh(num_devices: int | None = None) -> Mesh:

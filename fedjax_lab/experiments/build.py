@@ -338,9 +338,14 @@ def join_processes(config: Config) -> bool:
     distributed = distributed_settings(config.parallel)
     if distributed is None:
         return jax.distributed.is_initialized()
+    if not distributed.complete:
+        if not jax.distributed.is_initialized():
+            jax.distributed.initialize(coordinator_address=distributed.coordinator_address,
+                                       num_processes=distributed.num_processes, process_id=distributed.process_id)
+        return True
     try:
-        initialize_distributed(distributed.host, distributed.port, distributed.num_processes, distributed.process_id,
-                               distributed.init_timeout_s)
+        initialize_distributed(distributed.coordinator_address, distributed.host, distributed.port,
+                               distributed.num_processes, distributed.process_id, distributed.init_timeout_s)
     except StartupError as exc:
         raise ConfigError(str(exc)) from None
     return True

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
+import signal
 import sys
 from pathlib import Path
 
+from fedjax_lab.experiments import signals
 from fedjax_lab.experiments.config import ConfigError, distributed_settings, load_config, split_grid_args
 from fedjax_lab.experiments.signals import RunInterrupted
 
@@ -104,8 +106,9 @@ def _sweep(args) -> int:
         summary = run_sweep(config, grid, sweep_dir, resume=args.resume, overwrite=args.overwrite,
                             progress=not args.no_progress, member_chunk=args.chunk)
     except RunInterrupted as interrupted:
+        options = [*(["--chunk", str(args.chunk)] if args.chunk else []), *(["--yes"] if args.yes else [])]
         command = " ".join(shlex.quote(a) for a in ["fedjax-lab", "sweep", args.config, *args.items,
-                                                    "--sweep-dir", str(sweep_dir), "--resume"])
+                                                    "--sweep-dir", str(sweep_dir), *options, "--resume"])
         raise RunInterrupted(interrupted.run_dir, interrupted.last_round, interrupted.signum,
                              resume=command) from None
     print((sweep_dir / "sweep.md").read_text())
@@ -152,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     """The ``fedjax-lab`` command; returns the exit status (0 done, 2 bad input, 3 diverged, 4 the run could not
     go on: a file could not be written or read back, 130 interrupted by Ctrl-C, 143 by SIGTERM; docs/reliability.md).
     """
+    program = argv is None  # the process is ours (not a test or a notebook calling main)
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
+    signals.EXIT_ON_SECOND_SIGNAL = program
     # Overrides may also come after options (``run c.yaml --no-progress seed=3``); argparse leaves those over.
     listed = "overrides" if hasattr(args, "overrides") else "items" if hasattr(args, "items") else None
     stray = [item for item in extra if item.startswith("-") or "=" not in item or listed is None]
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except RunInterrupted as interrupted:
+        for signum in signals.SIGNALS if program else ():  # results written: a further Ctrl-C ends it at once
+            signal.signal(signum, signals.exit_at_once)
         print(f"fedjax-lab: {interrupted}", file=sys.stderr)
         return 128 + interrupted.signum
     except KeyboardInterrupt:  # before a run started (its own Ctrl-C becomes RunInterrupted)

@@ -311,9 +311,15 @@ class Distributed(typing.NamedTuple):
     coordinator_address: str
     host: str
     port: int
-    num_processes: int
-    process_id: int
+    num_processes: int | None
+    process_id: int | None
     init_timeout_s: float
+
+    @property
+    def complete(self) -> bool:
+        """Whether every process's place is known here; otherwise JAX reads it from the cluster (SLURM, MPI,
+        Kubernetes) and there is no rendezvous of ours first."""
+        return self.num_processes is not None and self.process_id is not None
 
 
 _ENVIRONMENT = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
@@ -327,10 +333,13 @@ def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, 
     Each of ``coordinator_address``, ``num_processes`` and ``process_id`` comes from ``parallel`` or else from
     ``$JAX_COORDINATOR_ADDRESS``, ``$JAX_NUM_PROCESSES`` and ``$JAX_PROCESS_ID``, parsed as the config field.
 
+    A coordinator address without ``num_processes`` or ``process_id`` leaves them to JAX's cluster detection
+    (SLURM, Open MPI, Kubernetes).
+
     Raises:
-      ConfigError: a value that is not of its field's kind, or an incomplete set (several processes need a
-        coordinator ``host:port`` and each process its id below ``num_processes``), naming the field and, for
-        a value from the environment, the variable.
+      ConfigError: a value that is not of its field's kind, several processes without a coordinator ``host:port``,
+        or a process id not below ``num_processes``, naming the field and, for a value from the environment, the
+        variable.
     """
     environ = os.environ if environ is None else environ
     values, origin, problems = {}, {}, []
@@ -355,23 +364,17 @@ def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, 
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     if address is None and (count is None or count == 1):
         return None
-    if count is None:
-        problems.append(f"{origin['num_processes']}: required with a coordinator address ({address!r}); set it or "
-                        "$JAX_NUM_PROCESSES")
     if address is None:
         problems.append(f"parallel.coordinator_address: required for {count} processes (host:port of process 0); "
                         "set it or $JAX_COORDINATOR_ADDRESS")
     host, _, port = (address or "").rpartition(":")
     if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
         problems.append(f"{origin['coordinator_address']}: must be host:port with a port in 1..65535, got {address!r}")
-    if count is not None and count > 1 and index is None:
-        problems.append(f"{origin['process_id']}: required for {count} processes (0 for the coordinator); set it "
-                        "or $JAX_PROCESS_ID")
     if count is not None and index is not None and index >= count:
         problems.append(f"{origin['process_id']}: must be < num_processes={count}, got {index}")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    return Distributed(address, host.strip("[]"), int(port), count, index or 0, parallel.init_timeout_s)
+    return Distributed(address, host.strip("[]"), int(port), count, index, parallel.init_timeout_s)
 
 
 class CheckpointConfig(Section):
@@ -668,7 +671,12 @@ def check_resumable(stored_yaml: str, config: Config, where: str) -> None:
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot resume {where}: its config.yaml is not valid YAML ({_yaml_problem(exc)}); "
                           "restore it, or start again with --overwrite") from None
-    differences = config_differences(stored if isinstance(stored, dict) else {}, config.model_dump(mode="json"))
+    stored = stored if isinstance(stored, dict) else {}
+    try:  # with the defaults of today's fields filled in, as the config given has them
+        stored = validate(stored).model_dump(mode="json")
+    except ConfigError:
+        pass  # a field that no longer exists: compared as written, and named
+    differences = config_differences(stored, config.model_dump(mode="json"))
     if differences:
         raise ConfigError(f"cannot resume {where}: the config given differs from its config.yaml in\n  "
                           + "\n  ".join(differences) + "\nresume with the same config (or its config.yaml), or "

@@ -110,17 +110,19 @@ def _base_name(name: str) -> str:
     return name.split(" (")[0].removesuffix("-parity")
 
 
-def reload_partition(path: str, num_clients: int, dataset_name: str, client_rows: np.ndarray) -> list[np.ndarray]:
-    """A saved partition (``dataset.partition.file``), checked against the run: its dataset, its number of
-    clients, and rows that are all among ``client_rows`` (the training rows left for clients: not past the end
-    of the data, or of ``dataset.subset``, and none of the server's).
+def reload_partition(path: str, num_clients: int, dataset_name: str | None,
+                     client_rows: np.ndarray) -> list[np.ndarray]:
+    """A saved partition (``dataset.partition.file``), checked against the run: its dataset (unless
+    ``dataset_name`` is ``None``), its number of clients, and rows that are all among ``client_rows`` (the
+    training rows left for clients: not past the end of the data, or of ``dataset.subset``, and none of the
+    server's).
 
     Raises:
       ConfigError: the file cannot be read, or it was made for other data.
     """
     rows, meta = load_partition(path)
     saved = meta.get("dataset")
-    if isinstance(saved, str) and _base_name(saved) != _base_name(dataset_name):
+    if dataset_name is not None and isinstance(saved, str) and _base_name(saved) != _base_name(dataset_name):
         raise ConfigError(f"dataset.partition.file: {path} was made for {saved!r}, not {dataset_name!r}; partition "
                           f"{dataset_name} with fedjax-lab partition, or use that dataset")
     if len(rows) != num_clients:
@@ -131,7 +133,8 @@ def reload_partition(path: str, num_clients: int, dataset_name: str, client_rows
     if len(outside):
         raise ConfigError(f"dataset.partition.file: {path} deals rows the clients cannot have ({len(outside)} of "
                           f"{len(every)}, e.g. row {int(outside[0])}): the clients' rows here are "
-                          f"{len(client_rows)} of {dataset_name} (after dataset.subset and dataset.server_data); "
+                          f"{len(client_rows)} of {dataset_name or 'the dataset'} (after dataset.subset and "
+                          "dataset.server_data); "
                           "was it made for a larger dataset or other server data?")
     return rows
 
@@ -155,7 +158,8 @@ def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
         server, rows = server_split(d, d.server_data, data, seed)
     p = d.partition
     if p.file:
-        client_rows = reload_partition(p.file, p.num_clients, data.name, rows)
+        # An image folder is named by its path, which a copy (node-local scratch) changes: rows alone checked.
+        client_rows = reload_partition(p.file, p.num_clients, None if d.name == "image_folder" else data.name, rows)
     else:
         labels, num_classes = data.train["y"], data.num_classes
         if p.by == "fine_label":

@@ -47,8 +47,12 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "curves.png", "stal
 
 
 def holds_run(path: str | Path) -> bool:
-    """Whether ``path`` holds (part of) a run: its config, metrics or checkpoints."""
-    return any((Path(path) / name).exists() for name in ("config.yaml", "metrics.jsonl", "checkpoints"))
+    """Whether ``path`` holds (part of) a run: its config, metrics or a checkpoint (not just the empty folder
+    Orbax makes before the run writes anything)."""
+    path = Path(path)
+    checkpoints = path / "checkpoints"
+    return ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()
+            or checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))
 
 
 def clear_run(path: str | Path) -> None:
@@ -60,6 +64,17 @@ def clear_run(path: str | Path) -> None:
             shutil.rmtree(entry)
         elif entry.exists() or entry.is_symlink():
             entry.unlink()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for a moment, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 @contextlib.contextmanager
@@ -76,10 +91,8 @@ def naming(path: str | Path):
 def write_atomically(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the new."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0o600
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0o600
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -211,11 +224,12 @@ def _held_stderr():
     held = _HeldOutput()
     try:
         sys.stderr.flush()
-        saved = os.dup(2)
+        buffer = tempfile.TemporaryFile()  # noqa: SIM115 - entered below, once it exists
     except (OSError, ValueError):
         yield held
         return
-    with tempfile.TemporaryFile() as buffer:
+    with buffer:
+        saved = os.dup(2)
         os.dup2(buffer.fileno(), 2)
         try:
             yield held

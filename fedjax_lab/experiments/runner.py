@@ -150,6 +150,9 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
     state = experiment.initial_state()
     if resumed:
         state = directory.restore_checkpoint(state)
+        if agreed(int(state.round), min) != agreed(int(state.round), max):
+            raise RunDirectoryError(f"cannot resume {run_dir}: the processes' latest checkpoints are at different "
+                                    "rounds; delete the later ones, or start again with --overwrite")
         directory.truncate_metrics(int(state.round))
         (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when the run finishes
     else:
@@ -186,6 +189,16 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
     return summary
 
 
+def agreed(value: int, reduce) -> int:
+    """``reduce`` (``max``, ``min``) of an integer over the processes of a distributed run (a collective: every
+    process must call it); the value itself in a single process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(reduce(np.asarray(multihost_utils.process_allgather(np.int32(value))).ravel()))
+
+
 def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: int, initial_test_loss: float, bar,
                 timings: list, stop_request: StopOnSignal) -> tuple[Any, str | None]:
     """Runs compiled blocks of rounds until round ``stop`` or divergence, writing metrics and checkpoints as it
@@ -198,10 +211,11 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
     total, every = config.rounds.num_rounds, config.eval.every
     blocks_run, diverged = 0, None
     while int(state.round) < stop and not diverged:
-        if stop_request.signum is not None:
+        requested = agreed(stop_request.signum or 0, max)  # every process stops at the same block
+        if requested:
             if int(state.round) > 0:
                 directory.save_checkpoint(state)
-            stop_request.check()
+            raise StopRequested(requested)
         first = int(state.round)
         num_rounds = min(every - first % every, stop - first)
         start = time.perf_counter()

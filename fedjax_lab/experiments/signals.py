@@ -4,17 +4,20 @@ compiled blocks, writes what it has (metrics, a checkpoint) and stops; a second 
 Python runs a signal handler only between bytecodes, so a handler alone would wait for a long XLA compilation
 or block to return, and JAX's C++ code may swallow the ``KeyboardInterrupt`` a default handler raises. The
 interpreter's C-level handler also writes the signal's number to a wake-up pipe (:func:`signal.set_wakeup_fd`)
-the moment it arrives; a small thread reads it, says what will happen and, on the second signal, ends the
-process (exit ``128 + signal``: the run resumes from its last checkpoint, a torn metrics line is dropped).
+the moment it arrives; a small thread reads it and says what will happen. On a second signal the command line
+ends the process (exit ``128 + signal``: the run resumes from its last checkpoint, a torn metrics line is
+dropped); elsewhere (a notebook, a script) it raises ``KeyboardInterrupt`` in the main thread.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -47,7 +50,22 @@ def resume_command(run_dir: Path) -> str:
     return f"fedjax-lab run {run_dir}/config.yaml --run-dir {run_dir} --resume"
 
 
-def _exit_at_once(signum: int, frame) -> None:
+EXIT_ON_SECOND_SIGNAL = False
+"""Whether a second signal ends the process at once (``os._exit``): set by the command line, which owns its
+process. In a notebook or a script the second signal raises ``KeyboardInterrupt`` in the main thread instead."""
+
+REPEAT_WINDOW_S = 0.5
+"""A signal this soon after the first counts as the same one: a wrapper that forwards the terminal's Ctrl-C to
+its own process group delivers it twice."""
+
+
+def _ignore(signum: int, frame) -> None:
+    pass
+
+
+def exit_at_once(signum: int, frame=None) -> None:
+    """A signal handler that ends the process with ``128 + signum`` (the command line, once its results are
+    written: an impatient Ctrl-C then does not raise inside JAX's clean-up)."""
     os._exit(128 + signum)
 
 
@@ -63,6 +81,8 @@ class StopOnSignal:
         self._signum: int | None = None
         self._outer: StopOnSignal | None = None
         self._count = 0
+        self._first_at = 0.0
+        self._raised = False
         self._installed = False
 
     @property
@@ -79,7 +99,7 @@ class StopOnSignal:
         read, write = os.pipe()
         os.set_blocking(write, False)
         self._pipe = (read, write)
-        self._previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}
+        self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
         self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         self._reader = threading.Thread(target=self._read, daemon=True, name="fedjax-lab signals")
         self._reader.start()
@@ -97,19 +117,28 @@ class StopOnSignal:
             if not data:
                 return
             for signum in data:
-                if signum not in SIGNALS:
+                if signum not in SIGNALS or self._count and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
                     continue
                 self._count += 1
                 name = signal.Signals(signum).name
                 if self._count == 1:
-                    self._signum = signum
+                    self._signum, self._first_at = signum, time.monotonic()
                     print(f"\nfedjax-lab: {name}: stopping {self.what} after the current block, once its results "
                           "are written (again to stop at once, losing the rounds since the last checkpoint)",
                           file=sys.stderr, flush=True)
-                else:
+                elif EXIT_ON_SECOND_SIGNAL:
                     print(f"\nfedjax-lab: {name} again: stopping at once; --resume continues from the last "
                           "checkpoint", file=sys.stderr, flush=True)
                     os._exit(128 + signum)
+                else:  # the Python handler may have run before this count: have it run (again) now
+                    _thread.interrupt_main()
+
+    def _handle(self, signum: int, frame) -> None:
+        """The Python-level handler, run for each signal in the main thread between bytecodes: nothing on the
+        first, which the reader thread has seen; ``KeyboardInterrupt`` once the reader has counted a second."""
+        if self._count >= 2 and not self._raised:
+            self._raised = True  # once: the signal itself and the reader's nudge may both land here
+            raise KeyboardInterrupt
 
     def check(self) -> None:
         """Raises :class:`StopRequested` if a signal arrived."""
@@ -120,13 +149,13 @@ class StopOnSignal:
         self._outer = None
         if not self._installed:
             return
+        for s in SIGNALS:  # a handler call still pending (the reader's nudge) lands here, not in the next one
+            signal.signal(s, _ignore)
         signal.set_wakeup_fd(self._previous_fd)
-        for s, handler in self._previous.items():
-            # After a stop the results are written: a further signal (an impatient second Ctrl-C while the
-            # process winds down) ends it at once rather than with a KeyboardInterrupt inside JAX's clean-up.
-            signal.signal(s, _exit_at_once if self._signum is not None else handler)
         os.close(self._pipe[1])  # ends the reader
         self._reader.join(timeout=1)
         os.close(self._pipe[0])
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
         StopOnSignal._active = None
         self._installed = False

@@ -281,8 +281,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
                           "while the others have; resume each with fedjax-lab run MEMBER/config.yaml --run-dir "
                           "MEMBER --resume, or start again with --overwrite")
     finished = [sweep_dir / m.name / "summary.json" for m in members]
-    if all(resumed) and all(f.exists() and (read_metrics(f.parent) or [{}])[-1].get("round") == total
-                            for f in finished):
+    if all(resumed) and all(f.exists() and _done(read_metrics(f.parent), total) for f in finished):
         print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
               file=sys.stderr)
         return [json.loads(f.read_text()) for f in finished]
@@ -302,10 +301,14 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         if any(int(r) != first for r in states.round):
             raise ConfigError(f"cannot resume {sweep_dir}: its members' checkpoints are at different rounds "
                               f"({sorted({int(r) for r in states.round})}); resume them one by one with fedjax-lab run")
-        for d in directories:
-            d.truncate_metrics(first)
+        # A member that diverged stopped writing at its divergence; it stays stopped (its state still runs along).
+        diverged = [(d.read_metrics() or [{}])[-1].get("diverged") for d in directories]
+        for d, reason in zip(directories, diverged):
+            if not reason:
+                d.truncate_metrics(first)
             (d.path / "summary.json").unlink(missing_ok=True)
     else:
+        diverged = [None] * len(members)
         for i, (member, d) in enumerate(zip(members, directories)):
             write_atomically(d.config_path, to_yaml(member.config))
             with naming(d.path / "partition.*"):
@@ -317,14 +320,13 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
     every = config.eval.every
     stop = total if stop_after_round is None else min(stop_after_round, total)
     initial_losses = [d.read_metrics()[0].get("test_loss", 1.0) for d in directories]
-    diverged: list[str | None] = [None] * len(members)
     timings, blocks_run = [], 0
     bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress, dynamic_ncols=True,
                desc=f"sweep of {len(members)}")
     while int(states.round[0]) < stop:
         if stop_request.signum is not None:
-            for i, d in enumerate(directories):
-                if not diverged[i] and int(states.round[0]) > 0:
+            for i, d in enumerate(directories):  # every member, so that all resume from the same round
+                if int(states.round[0]) > 0:
                     d.save_checkpoint(_member(states, i))
             bar.close()
             raise RunInterrupted(sweep_dir, int(states.round[0]), stop_request.signum)
@@ -336,6 +338,8 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         timings.append((num_rounds, time.perf_counter() - begin))
         evaluate = int(states.round[0]) % every == 0 or int(states.round[0]) == total
         blocks_run += 1
+        checkpoint = int(states.round[0]) == total or (config.checkpoint.every_blocks
+                                                      and blocks_run % config.checkpoint.every_blocks == 0)
         for i, d in enumerate(directories):
             if diverged[i]:
                 continue
@@ -349,9 +353,8 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
                 print(f"fedjax-lab: member {members[i].name} diverged ({diverged[i]})", file=sys.stderr)
             d.append_metrics(rows)
             d.append_arrays(first, arrays)
-            if int(states.round[0]) == total or (config.checkpoint.every_blocks
-                                                 and blocks_run % config.checkpoint.every_blocks == 0):
-                d.save_checkpoint(_member(states, i))
+        for i, d in enumerate(directories if checkpoint else ()):  # after the metrics; diverged members too,
+            d.save_checkpoint(_member(states, i))                   # so that all resume from the same round
         bar.update(num_rounds)
     bar.close()
     summaries = []
@@ -366,6 +369,11 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
                 plot_runs([d.path], d.path / "curves.png")
         summaries.append(summary)
     return summaries
+
+
+def _done(rows: list[dict[str, Any]], total: int) -> bool:
+    """Whether a member's metrics show it finished: every round run, or stopped by its divergence."""
+    return bool(rows) and (rows[-1].get("round") == total or "diverged" in rows[-1])
 
 
 def member_params(experiment, states, i: int):
