@@ -28,6 +28,7 @@ from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 from fedjax_lab.methods.ca2fl import cached_calibration
 from fedjax_lab.methods.fedasync import mixing
 from fedjax_lab.methods.fedavg import fedavg
+from fedjax_lab.methods.fedprox import proximal
 from fedjax_lab.methods.server_optimizers import fedavg_server
 from fedjax_lab.methods.staleness import staleness_function
 
@@ -97,6 +98,22 @@ def test_fedasync_with_alpha_one_and_one_client_per_round_equals_sequential_feda
                           tiny_classifier, 5)
     assert_trees_close(_params(sequential), _params(mixed))
     np.testing.assert_allclose(metrics["fedasync_rate"], 1.0)
+
+
+def test_fedasync_client_proximal_term_is_fedprox_in_the_client_and_rho_zero_is_the_plain_client(
+        tiny_data, tiny_classifier):
+    # Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2 is FedProx's term with mu = rho: with alpha 1 and one
+    # client a round (sequential FedAvg) FedAsync(rho) equals FedProx(rho); rho 0 equals the plain client.
+    plan, stale = CohortPlan(tiny_data.num_clients, 1, buffer_size=1), staleness_function("polynomial", 0.5)
+    fedprox, _ = _run(_fedavg(tiny_classifier, proximal(0.3)), CohortPlan(tiny_data.num_clients, 1), tiny_data,
+                      tiny_classifier, 4)
+    with_rho, _ = _run(_fedavg(tiny_classifier, mixing(1.0, stale, rho=0.3)), plan, tiny_data, tiny_classifier, 4)
+    assert_trees_close(_params(fedprox), _params(with_rho))
+    plain = mixing(1.0, stale)._replace(loss_term=None)  # FedAsync as it was, without the client term
+    before, _ = _run(_fedavg(tiny_classifier, plain), plan, tiny_data, tiny_classifier, 4)
+    zero, _ = _run(_fedavg(tiny_classifier, mixing(1.0, stale, rho=0.0)), plan, tiny_data, tiny_classifier, 4)
+    assert_trees_close(_params(before), _params(zero), rtol=0, atol=0)
+    assert not np.allclose(jax.tree.leaves(_params(before))[0], jax.tree.leaves(_params(with_rho))[0])
 
 
 def test_fedasync_mixes_the_trained_model_into_the_current_one_with_a_staleness_weight():

@@ -64,8 +64,9 @@ def test_hfcl_weighs_the_servers_own_training_as_one_more_client(tiny_data, tiny
     assert_trees_close(dominant.server_state.params, alone, rtol=1e-4, atol=1e-5)
 
 
-def _distil(classifier, student, teachers, weights, server_arrays, steps, learning_rate=0.01, metrics=False):
-    component = ensemble_distillation(classifier, steps, learning_rate, 16)
+def _distil(classifier, student, teachers, weights, server_arrays, steps, learning_rate=0.01, metrics=False,
+            teacher="weighted"):
+    component = ensemble_distillation(classifier, steps, learning_rate, 16, teacher=teacher)
     cohort = Cohort(jnp.arange(weights.shape[0]), jnp.ones(weights.shape))
     view = ServerView((), {"feddf": teachers}, weights, cohort,
                       ServerContext(jax.random.key(1), jnp.int32(0), server_arrays), student)
@@ -117,6 +118,21 @@ def test_feddf_distils_the_weighted_ensemble_without_reading_labels(tiny_data, t
     relabelled = {"x": x, "y": jnp.roll(server["y"], 1)}
     other = jax.tree.map(lambda t, s: t.at[2].set(s), teachers, student)
     assert_trees_close(distilled, _distil(tiny_classifier, student, other, weights, relabelled, 40))
+
+
+def test_feddf_teacher_is_the_plain_mean_of_the_arrived_members_by_default(tiny_data, tiny_classifier):
+    # FedDF's code averages the members' logits uniformly; the size-weighted mean is the option.
+    inits = [tiny_classifier.init(jax.random.key(k)) for k in range(4)]
+    student, teachers = inits[0], jax.tree.map(lambda *x: jnp.stack(x), *inits[1:])
+    sizes, arrived = jnp.array([1.0, 5.0, 0.0]), jnp.array([1.0, 1.0, 0.0])
+    server = _inputs(tiny_data).server_arrays
+    uniform = _distil(tiny_classifier, student, teachers, sizes, server, 10, teacher="uniform")
+    assert_trees_close(uniform, _distil(tiny_classifier, student, teachers, arrived, server, 10, teacher="weighted"))
+    by_size = _distil(tiny_classifier, student, teachers, sizes, server, 10, teacher="weighted")
+    assert not np.allclose(jax.tree.leaves(uniform)[0], jax.tree.leaves(by_size)[0])
+    from fedjax_lab.methods.registry import REGISTRY
+
+    assert REGISTRY["feddf"].config.model_fields["teacher"].default == "uniform"
 
 
 def test_feddf_runs_in_the_asynchronous_loop_with_its_buffer_as_the_ensemble(tiny_data, tiny_classifier):

@@ -3,7 +3,8 @@
 Feddle's distillation baseline (Lin et al. 2020). After the base method's server step (FedBuff's mean of the
 buffered updates, by default), the new global model is the student: ``steps`` Adam steps on
 ``T^2 KL(softmax(z_bar / T) || softmax(z_student / T))`` over batches of the server's inputs, with
-``z_bar`` the ensemble's logits, the weighted mean of the arrived models' logits. Under asynchrony the ensemble
+``z_bar`` the ensemble's logits, the mean of the arrived models' logits (``teacher: uniform``, as FedDF's code
+averages them; ``weighted``: by the round's aggregation weights). Under asynchrony the ensemble
 members are the arrived models themselves, ``w^{k_j} + Delta_j`` (each trained from the model it was dispatched
 with), so clients send their trained model beside their delta. Labels are never read: the same method runs on
 in-domain rows (FedDF-ID) and on another dataset (FedDF-OOD).
@@ -47,11 +48,21 @@ def _weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.tensordot(weights / jnp.maximum(jnp.sum(weights), 1e-30), values, axes=1)
 
 
+def teacher_weights(weights: jax.Array, teacher: str) -> jax.Array:
+    """The ensemble's weights over the cohort: every arrived member alike (``'uniform'``, FedDF's code: the mean
+    of the members' logits) or the round's aggregation weights (``'weighted'``, the size-weighted mean); a member
+    of weight 0 (not an arrival) counts in neither."""
+    return (weights > 0).astype(weights.dtype) if teacher == "uniform" else weights
+
+
 def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Array, batch_size: int,
-                          temperature: float = 1.0) -> Component:
+                          temperature: float = 1.0, teacher: str = "uniform") -> Component:
     """FedDF's change to the round: after the server step, ``steps`` Adam steps distilling the arrived models'
-    ensemble into the new global model on the server's inputs (the optimiser starts afresh every server step).
-    Teacher and student see the same inputs: the clients' augmentation is not applied."""
+    ensemble (:func:`teacher_weights`) into the new global model on the server's inputs (the optimiser starts
+    afresh every server step). Teacher and student see the same inputs: the clients' augmentation is not
+    applied."""
+    if teacher not in ("uniform", "weighted"):
+        raise ValueError(f"algorithm.teacher must be uniform or weighted, got {teacher!r}")
     draw = sample_server_batch(batch_size)
     classifier = dataclasses.replace(classifier, augment=None)
 
@@ -59,7 +70,7 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         return result.variables, ()
 
     def after_step(view: ServerView, variables):
-        teachers, weights = view.messages["feddf"], view.weights
+        teachers, weights = view.messages["feddf"], teacher_weights(view.weights, teacher)
         optimizer = optax.adam(learning_rate)
         params, model_state = split_variables(variables)
 
@@ -103,4 +114,4 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: feddf`` (or of a ``feddf`` plug-in); see ``methods/registry.py``."""
     return (ensemble_distillation(context.classifier, config.steps, config.learning_rate, config.batch_size,
-                                  config.temperature),)
+                                  config.temperature, config.teacher),)

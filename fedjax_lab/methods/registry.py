@@ -243,6 +243,9 @@ class FedAsyncConfig(AlgorithmFields):
     a: float = Field(0.5, ge=0, description="polynomial: (1 + tau)^-a; hinge: 1 / (a (tau - b) + 1) "
                                             "(Feddle's grid: 0.1, 0.5, 0.9)")
     b: float = Field(4.0, ge=0, description="hinge: staleness up to b counts fully")
+    rho: float = Field(0.0, ge=0, description="Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2, x_tau the "
+                                              "model the client was sent (0: the plain local SGD Feddle's baselines "
+                                              "run)")
 
 
 @register(builder="fedjax_lab.methods.ca2fl:build")
@@ -399,6 +402,9 @@ class FedDFConfig(AlgorithmFields):
     learning_rate: PositiveFloat = Field(1e-3, description="the paper's grid: 1e-5, 1e-4, 1e-3")
     batch_size: PositiveInt = Field(64, description="server examples a step")
     temperature: PositiveFloat = Field(1.0, description="T of the softened softmax (FedDF: 1)")
+    teacher: Literal["uniform", "weighted"] = Field(
+        "uniform", description="the ensemble's logits: the plain mean over the arrived models (FedDF's code) or "
+                               "weighted as the aggregation (by size)")
 
 
 @register(builder="fedjax_lab.methods.fedcog:build", plugin=True)
