@@ -1,6 +1,8 @@
 """Feddle's merge: the fallback is FedBuff, the chain-rule coefficient gradient is the true one, the atlas's
 insertion and eviction rules, and a run in the asynchronous loop."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,6 +90,33 @@ def test_more_arrivals_than_slots_in_one_round_keep_the_latest():
     atlas, filled = insert(_full_atlas(), updates, jnp.ones(6, bool), jnp.int32(10))
     assert bool(jnp.all(filled))
     np.testing.assert_allclose(np.sort(atlas.anchors["w"][:, 0]), [5, 7, 9, 11])
+
+
+def test_the_server_sees_a_rounds_arrivals_in_arrival_order_so_the_atlas_keeps_the_newest():
+    # Four jobs arrive in round 9, held in store slots out of arrival order: dispatched in rounds 7, 5, 7, 8 at
+    # cohort positions 1, 0, 0, 2. The server must see them as (5, 0), (7, 0), (7, 1), (8, 2), and a two-slot
+    # atlas then keeps the last two: the jobs of round 7 position 1 and round 8.
+    from fedjax_lab.engine.asynchrony import InFlight, _step_on_arrivals
+    from fedjax_lab.engine.types import ServerContext
+
+    store = InFlight({"delta": {"w": jnp.array([[1.0, 0], [2, 0], [3, 0], [4, 0], [5, 0]])}},
+                     jnp.array([10, 11, 12, 13, 14]), jnp.ones(5, jnp.int32), jnp.array([7, 5, 7, 8, 9]),
+                     jnp.array([9, 9, 9, 9, 12]), jnp.array([1, 0, 0, 2, 0]), jnp.ones(5, bool))
+    arrived = store.arrival_round == 9
+    seen = {}
+
+    def server_update(state, messages, cohort, context):
+        seen.update(ids=cohort.client_ids, mask=cohort.mask, staleness=cohort.staleness)
+        atlas, _ = insert(init_atlas({"w": jnp.zeros(2)}, 2), messages["delta"], cohort.mask, jnp.int32(0))
+        return atlas, {}
+
+    algorithm = types.SimpleNamespace(server_update=server_update)
+    atlas, _ = _step_on_arrivals(algorithm, init_atlas({"w": jnp.zeros(2)}, 2), store, arrived, 9 - store.dispatch_round,
+                                 ServerContext(jax.random.key(0), jnp.int32(9), {}), 3)
+    np.testing.assert_array_equal(seen["ids"][:4], [11, 12, 10, 13])
+    np.testing.assert_array_equal(seen["mask"], [True, True, True, True, False])
+    np.testing.assert_array_equal(seen["staleness"][:4], [4, 2, 2, 1])
+    np.testing.assert_allclose(np.sort(np.asarray(atlas.anchors["w"])[:, 0]), [1, 4])
 
 
 def test_a_zero_norm_update_never_enters_the_atlas(tiny_data, tiny_classifier):

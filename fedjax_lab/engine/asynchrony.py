@@ -205,11 +205,22 @@ def _skip_metrics(step, *args):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+def arrival_order(store: InFlight, arrived: jax.Array, cohort_size: int) -> jax.Array:
+    """The store's slots with the round's arrivals first, in arrival order (dispatch round, then position in its
+    cohort), then the other slots."""
+    rank = store.dispatch_round * cohort_size + store.position
+    return jnp.argsort(jnp.where(arrived, rank, jnp.iinfo(jnp.int32).max), stable=True)
+
+
 def _step_on_arrivals(algorithm: Algorithm, server_state: PyTree, store: InFlight, arrived: jax.Array,
-                      staleness: jax.Array, context: ServerContext):
-    """One server step on the round's arrivals (the whole store, masked); none when nothing arrived."""
-    messages = jax.tree.map(lambda x: jnp.where(arrived.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0), store.messages)
-    cohort = Cohort(store.client_id, store.num_examples, arrived, staleness)
+                      staleness: jax.Array, context: ServerContext, cohort_size: int):
+    """One server step on the round's arrivals (the whole store, masked, arrivals first in arrival order: a
+    method that keeps some of them, as Feddle's atlas, keeps the newest); none when nothing arrived."""
+    order = arrival_order(store, arrived, cohort_size)
+    arrived, staleness = arrived[order], staleness[order]
+    messages = jax.tree.map(lambda x: jnp.where(arrived.reshape((-1,) + (1,) * (x.ndim - 1)), x[order], 0),
+                            store.messages)
+    cohort = Cohort(store.client_id[order], store.num_examples[order], arrived, staleness)
 
     def step(s):
         return algorithm.server_update(s, messages, cohort, context)
@@ -226,8 +237,7 @@ def _drain_into_buffer(algorithm: Algorithm, server_state: PyTree, buffer: Buffe
     The loop runs once per server step, not per arrival, so the server state (CA2FL's cache of ``N`` models)
     is carried through as few iterations as there are steps."""
     size = buffer.client_id.shape[0]
-    rank = store.dispatch_round * cohort_size + store.position
-    order = jnp.argsort(jnp.where(arrived, rank, jnp.iinfo(jnp.int32).max))
+    order = arrival_order(store, arrived, cohort_size)
     waiting, total = buffer.fill, buffer.fill + jnp.sum(arrived)
     num_steps = total // size
 
@@ -292,7 +302,7 @@ def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
                             inputs.server_arrays, plan.num_clients)
     if buffer is None:
         server_state, server_metrics = _step_on_arrivals(algorithm, state.server_state, store, arrived, staleness,
-                                                         context)
+                                                         context, m)
         flushes = jnp.any(arrived).astype(jnp.int32)
     else:
         server_state, buffer, server_metrics, flushes = _drain_into_buffer(
