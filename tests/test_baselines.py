@@ -211,6 +211,23 @@ def test_fedexp_runs_and_reports_its_step(tiny_data, tiny_classifier):
     assert np.all(np.asarray(metrics["server_step"]) >= 1.0)
 
 
+def test_fedexp_reports_the_average_of_its_last_two_iterates_and_trains_on_the_last(tiny_data, tiny_classifier):
+    averaged = _fedavg(tiny_classifier, extrapolation(), weighting="uniform")
+    plain = _fedavg(tiny_classifier, extrapolation(average_last_two=False), weighting="uniform")
+    two, _ = _run(averaged, tiny_data, tiny_classifier, rounds=2)
+    one, _ = _run(plain, tiny_data, tiny_classifier, rounds=1)
+    two_plain, _ = _run(plain, tiny_data, tiny_classifier, rounds=2)
+    # The trajectory is FedExP's own; only the reported model changes: (w_2 + w_1) / 2.
+    assert_trees_close(two.server_state.params, two_plain.server_state.params, rtol=0, atol=0)
+    expected = jax.tree.map(lambda a, b: (a + b) / 2, two_plain.server_state.params, one.server_state.params)
+    assert_trees_close(averaged.evaluated_params(two.server_state), expected, rtol=1e-6, atol=1e-7)
+    assert plain.evaluated_params(two_plain.server_state) is two_plain.server_state.params
+    from fedjax_lab.experiments import validate
+
+    assert validate({"dataset": {"name": "synthetic"}, "model": {"name": "logistic_regression"},
+                     "algorithm": {"name": "fedexp"}, "client": {"local_steps": 1}}).algorithm.average_last_two
+
+
 def test_fedsam_with_zero_rho_equals_fedavg(tiny_data, tiny_classifier):
     state, _ = _run(_fedavg(tiny_classifier, sharpness_aware(0.0)), tiny_data, tiny_classifier)
     assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier), rtol=1e-6)

@@ -125,6 +125,8 @@ class Component(NamedTuple):
       aggregate: ``(view: ServerView, mean_delta) -> (mean_delta, metrics)``, applied in order to the weighted
         mean of the deltas before the server optimiser steps on it.
       after_step: ``(view, new_variables) -> (state, new_variables, metrics)`` after the server optimiser.
+      reported: ``(state, global_variables) -> variables`` that evaluation reports in place of the global model
+        (FedExP's average of the last two iterates); training never reads it. At most one component may set it.
       sums: ``(messages, weights, cohort) -> pytree``: the sums over a stack of clients that this component's
         server hooks read (as ``view.sums[name]``), additive over any split of the cohort (SCAFFOLD's control
         sum). A component whose server hooks read only these, and ``view.sums['delta']``, lets the round stream
@@ -152,6 +154,7 @@ class Component(NamedTuple):
     aggregate: Callable[[ServerView, Params], tuple[Params, Metrics]] | None = None
     after_step: Callable[[ServerView, Params], tuple[PyTree, Params, Metrics]] | None = None
     sums: Callable[[dict[str, PyTree], jax.Array, Cohort], PyTree] | None = None
+    reported: Callable[[PyTree, Params], Params] | None = None
 
 
 def reads_only_sums(c: Component) -> bool:
@@ -186,6 +189,9 @@ def check_components(components: Sequence[Component]) -> None:
     mergers = [c.name for c in components if c.merge is not None]
     if len(mergers) > 1:
         raise ValueError(f"at most one component may replace how the server merges the deltas, got {mergers}")
+    reporters = [c.name for c in components if c.reported is not None]
+    if len(reporters) > 1:
+        raise ValueError(f"at most one component may replace the model evaluation reports, got {reporters}")
 
 
 def component_key(key: jax.Array, name: str) -> jax.Array:

@@ -108,6 +108,9 @@ class Algorithm(NamedTuple):
       with_components: ``(*components) -> Algorithm``, the same algorithm with more client/server components
         (:mod:`fedjax_lab.engine.components`), for plug-ins that also change what clients do; ``None`` for an
         algorithm not assembled from components.
+      reported_params: ``(server_state) -> params`` of the model that evaluation reports, when it is not the
+        global model itself (FedExP's average of the last two iterates); ``None``: ``model_params``. Training
+        never reads it.
       reduce: ``(messages, cohort) -> sums``, for an algorithm whose server update reads only sums over the
         cohort's messages (a weighted mean, SCAFFOLD's control sum): the sums of a stack of messages, additive
         over any split of the cohort. With it the engine may reduce each chunk of clients as it finishes (and
@@ -123,6 +126,11 @@ class Algorithm(NamedTuple):
     set_model_params: Callable[[ServerState, Params], ServerState] = replace_params
     with_components: Callable[..., Algorithm] | None = None
     reduce: Callable[..., PyTree] | None = None
+    reported_params: Callable[[ServerState], Params] | None = None
+
+    def evaluated_params(self, server_state: ServerState) -> Params:
+        """The model evaluation reports: ``reported_params``, else the global model."""
+        return (self.reported_params or self.model_params)(server_state)
 
 
 class Reduced(NamedTuple):

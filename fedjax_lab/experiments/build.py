@@ -268,7 +268,7 @@ class Experiment:
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, and the training objective, when configured) of the
         global model."""
-        metrics = self.evaluate_params(self.algorithm.model_params(state.server_state))
+        metrics = self.evaluate_params(self.algorithm.evaluated_params(state.server_state))
         if self.local_evaluator is not None:
             metrics.update(self.local_evaluator(state, self.inputs))
         if self.dissimilarity_evaluator is not None:

@@ -377,8 +377,8 @@ def _done(rows: list[dict[str, Any]], total: int) -> bool:
 
 
 def member_params(experiment, states, i: int):
-    """Member ``i``'s global model."""
-    return experiment.algorithm.model_params(_member(states, i).server_state)
+    """Member ``i``'s model as evaluation reports it (the global model, or FedExP's average of two iterates)."""
+    return experiment.algorithm.evaluated_params(_member(states, i).server_state)
 
 
 def _structure_config(members: list[Member]) -> Config:

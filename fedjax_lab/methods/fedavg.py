@@ -160,10 +160,16 @@ def fedavg(
     def with_components(*more: Component) -> Algorithm:
         return fedavg(task, client_optimizer, server_optimizer, schedule, *components, *more, weighting=weighting)
 
+    reporters = [c for c in components if c.reported is not None]
+
+    def reported_params(server_state):
+        return reporters[0].reported(server_state.components[reporters[0].name], server_state.params)
+
     return Algorithm(server_init=server_init, client_init=client_init, client_update=client_update,
                      server_update=server_update, model_params=lambda server_state: server_state.params,
                      with_components=with_components,
-                     reduce=reduce if all(reads_only_sums(c) for c in components) else None)
+                     reduce=reduce if all(reads_only_sums(c) for c in components) else None,
+                     reported_params=reported_params if reporters else None)
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -3,7 +3,9 @@
 ``eta_g = max(1, sum_{k in S} ||Delta_k||^2 / (2 |S| (||Delta_bar||^2 + eps)))`` with ``Delta_bar`` the uniform
 mean, then ``x+ = x + eta_g Delta_bar`` (the server optimiser steps on ``eta_g Delta_bar``; with the default
 ``sgd(1)`` exactly this). The step is never below FedAvg's. The paper averages uniformly (``weighting: uniform``,
-the default); model state (BatchNorm statistics) is averaged, not extrapolated.
+the default); model state (BatchNorm statistics) is averaged, not extrapolated. Extrapolated steps overshoot
+and oscillate with period 2, so the paper reports the average of the last two iterates (``average_last_two``,
+on by default); the training itself continues from the last iterate.
 
 References:
   Jhunjhunwala et al., "FedExP: Speeding Up Federated Averaging via Extrapolation", ICLR 2023, Eq. (9).
@@ -46,8 +48,10 @@ def extrapolation_step(deltas, epsilon: float, mask: jax.Array | None = None) ->
     return step_from_sums(extrapolation_sums(deltas, mask), epsilon)
 
 
-def extrapolation(epsilon: float = 1e-3) -> Component:
-    """FedExP's change to the round: the averaged delta's trainable part is scaled by ``eta_g``."""
+def extrapolation(epsilon: float = 1e-3, average_last_two: bool = True) -> Component:
+    """FedExP's change to the round: the averaged delta's trainable part is scaled by ``eta_g``; with
+    ``average_last_two`` the model evaluation reports is ``(w_t + w_{t-1}) / 2`` (the paper's remedy for the
+    period-2 oscillation of extrapolated steps, Sec. 5; training continues from ``w_t``)."""
 
     def sums(messages, weights, cohort):
         return extrapolation_sums(messages["delta"], cohort_mask(cohort))
@@ -57,9 +61,23 @@ def extrapolation(epsilon: float = 1e-3) -> Component:
         params, model_state = split_variables(mean_delta)
         return merge_variables(tree_scale(params, eta), model_state, mean_delta), {"server_step": eta}
 
-    return Component("fedexp", aggregate=aggregate, sums=sums)
+    if not average_last_two:
+        return Component("fedexp", aggregate=aggregate, sums=sums)
+
+    def after_step(view, new_variables):
+        return view.global_variables, new_variables, {}  # w_{t-1}, kept for the report
+
+    def reported(previous, variables):
+        return jax.tree.map(lambda a, b: (a + b) / 2 if jnp.issubdtype(a.dtype, jnp.floating) else a, variables,
+                            previous)
+
+    def server_init(variables):
+        return jax.tree.map(jnp.copy, variables)  # its own buffers: the loop state is donated to each block
+
+    return Component("fedexp", server_init=server_init, aggregate=aggregate, after_step=after_step, sums=sums,
+                     reported=reported)
 
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: fedexp`` (or of a ``fedexp`` plug-in); see ``methods/registry.py``."""
-    return (extrapolation(config.epsilon),)
+    return (extrapolation(config.epsilon, config.average_last_two),)

@@ -168,8 +168,11 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
         return fedwalk(base.with_components(*more), leash, head_key, tau, beta, learning_rate, momentum, num_steps,
                        batch_size, leash_loss_examples, client_loss, client_loss_examples)
 
+    reported = None if inner.reported_params is None else (
+        lambda server_state: inner.reported_params(server_state.base))
     return Algorithm(server_init, client_init, client_update, server_update,
-                     lambda server_state: inner.model_params(server_state.base), set_model_params, with_components)
+                     lambda server_state: inner.model_params(server_state.base), set_model_params, with_components,
+                     reported_params=reported)
 
 
 def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,

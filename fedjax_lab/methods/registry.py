@@ -355,6 +355,8 @@ class FedExPConfig(AlgorithmFields):
     name: Literal["fedexp"] = method_name("fedexp")
     epsilon: PositiveFloat = Field(1e-3, description="step-size denominator offset")
     weighting: Literal["num_examples", "uniform"] = "uniform"
+    average_last_two: bool = Field(True, description="evaluate (w_t + w_{t-1})/2, the paper's remedy for the "
+                                                     "period-2 oscillation; training continues from w_t")
 
 
 @register(builder="fedjax_lab.methods.bherd:build", plugin=True)
