@@ -19,13 +19,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from table_runs import collect, evaluations, run_once, write_report
+import numpy as np
+from records import Keep
+from table_runs import collect, evaluations, finished, run_directories, run_once, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "async" / "cpu_fashion_mnist.yaml"
+
+
+def staleness_total(name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Of the array metrics, the staleness counts summed over the rounds (one row): the distribution the
+    staleness figure draws."""
+    if "staleness_counts" not in arrays:
+        return {}
+    return {"staleness_counts": arrays["staleness_counts"].sum(0, keepdims=True)}
+
+
+# What the records keep beside the evaluated rows: what the curves and the staleness figure draw at every round.
+KEEP = Keep(rounds=("train_loss", "arrivals", "in_flight", "staleness_mean", "staleness_max"),
+            arrays=staleness_total)
 METHODS = {"fedavg": "FedAvg", "fedasync": "FedAsync", "fedbuff": "FedBuff", "ca2fl": "CA2FL"}
 PAPER = {  # Table 5, Fashion-MNIST, CNN from scratch: (Dir, sigma) -> mean, std
     "fedavg": {(0.1, 20): (60.8, 4.4), (0.1, 5): (80.7, 1.0), (0.3, 20): (81.1, 0.7), (0.3, 5): (86.6, 0.1)},
@@ -44,7 +59,7 @@ def run(runs: Path, method: str, alpha: float, sigma: int, seed: int) -> None:
     name = run_name(method, alpha, sigma, seed)
     config = load_config(CONFIG, [f"algorithm={{name: {method}}}", f"dataset.partition.alpha={alpha}",
                                   f"asynchrony.sigma={sigma}", f"seed={seed}"])
-    done = run_once(runs, name, config)
+    done = run_once(runs, name, config, KEEP)
     if done:
         print(f"{name:<32} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -83,12 +98,14 @@ def report(runs: Path, alphas, sigmas, seeds, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for a, s in columns:
         dirs = [runs / run_name(m, a, s, seeds[0]) for m in METHODS]
-        if all((d / "summary.json").is_file() for d in dirs):
-            plot_runs(dirs, out.parent / f"async_curves_dir{a}_N{s}.png", list(METHODS.values()))
+        if all(finished(d) for d in dirs):
+            with run_directories(dirs) as run_dirs:
+                plot_runs(run_dirs, out.parent / f"async_curves_dir{a}_N{s}.png", list(METHODS.values()))
             lines += ["", f"![Dir({a}), N({s}), seed {seeds[0]}](async_curves_dir{a}_N{s}.png)"]
     staleness = [runs / run_name("fedbuff", a, s, seeds[0]) for a, s in columns]
-    if all((d / "summary.json").is_file() for d in staleness):
-        plot_staleness(staleness, out.parent / "async_staleness.png", [f"Dir({a}), N({s})" for a, s in columns])
+    if all(finished(d) for d in staleness):
+        with run_directories(staleness) as run_dirs:
+            plot_staleness(run_dirs, out.parent / "async_staleness.png", [f"Dir({a}), N({s})" for a, s in columns])
         lines += ["", "![arrivals and staleness](async_staleness.png)"]
     written = write_report(out, "\n".join(lines + finals) + "\n")
     print(f"wrote {written}")
@@ -110,7 +127,7 @@ def main() -> None:
         jobs = [(m, a, s, seed) for seed in args.seeds for a in args.alphas for s in args.sigmas for m in args.methods]
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
-    report(collect(runs), args.alphas, args.sigmas, args.seeds, Path(args.out))
+    report(collect(runs, KEEP), args.alphas, args.sigmas, args.seeds, Path(args.out))
 
 
 if __name__ == "__main__":

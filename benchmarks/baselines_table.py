@@ -10,8 +10,9 @@ Usage::
     python benchmarks/baselines_table.py --seeds 0 1 2            # about 1 hour on 2 cores
     python benchmarks/baselines_table.py --seeds 0 --alphas 0.5   # a quick look
 
-Finished runs are reused (an interrupted table continues where it stopped); ``--rerun METHOD ...`` runs those
-methods again.
+Finished runs are reused (an interrupted table continues where it stopped), also on a fresh clone: each finished
+run's record goes to ``benchmarks/results/records/<runs' folder name>.jsonl.gz`` (``table_runs.py``), which the
+table and the figure are read from; ``--rerun METHOD ...`` runs those methods again.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from records import Keep
+from table_runs import Records, collect, finished, keep, metrics, records_of
+from table_runs import summary as run_summary
 
 from fedjax_lab.experiments import load_config, run_experiment
-from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+KEEP = Keep()  # what the records keep: the table and the curves read the summary and the evaluated rows
 METHODS = {
     "fedavg": [],
     "fedavgm": ["algorithm.name=fedavgm", "algorithm.server_optimizer=momentum_fedcog", "algorithm.server_momentum=0.1"],
@@ -66,18 +70,21 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(REPO / "docs"))
     args = ap.parse_args(argv)
     results = {}
+    runs = Path(args.runs)
+    kept = collect(runs, KEEP)  # finished runs, also those made before records were kept
     for alpha in args.alphas:
         for method in args.methods:
             for seed in args.seeds:
-                run_dir = Path(args.runs) / f"alpha{alpha}" / method / f"seed{seed}"
+                name = f"alpha{alpha}/{method}/seed{seed}"
                 start = time.perf_counter()
-                if (run_dir / "summary.json").is_file() and method not in args.rerun:  # finished earlier: reuse
-                    summary = json.loads((run_dir / "summary.json").read_text())
-                else:
+                if not finished(kept / name) or method in args.rerun:  # else finished earlier: reuse
                     config = load_config(REPO / "configs" / "cifar10_fedavg.yaml",
                                          overrides(method, alpha, seed, args.rounds))
-                    summary = run_experiment(config, run_dir, overwrite=True, progress=False)
-                results[(alpha, method, seed)] = (summary, read_metrics(run_dir))
+                    run_experiment(config, runs / name, overwrite=True, progress=False)
+                    keep(runs / name, records_of(runs), name, KEEP)
+                    kept = Records(records_of(runs))
+                summary = run_summary(kept / name)
+                results[(alpha, method, seed)] = (summary, metrics(kept / name))
                 print(f"alpha {alpha} {method:<12} seed {seed}: final {summary['final']['test_accuracy']:.4f} "
                       f"best {summary['best_test_accuracy']:.4f} diverged={summary['diverged']} "
                       f"({time.perf_counter() - start:.0f} s)", flush=True)

@@ -27,16 +27,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
-import table_runs
-from table_runs import collect, run_once, write_report
+from records import Keep
+from table_runs import arrays, collect, evaluations, finished, run_once, sizes, write_report
+from table_runs import config as run_config
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "bherd"
@@ -67,9 +67,28 @@ PARTS = {  # part: (config, cases, extra overrides)
 }
 
 
+EXCLUSION_ROUNDS = 20  # the selection counts of the "never sent" table are over a run's last 20 rounds
+SELECTION_MAPS = r"svm/case\d/bherd/seed0"  # the runs whose selection maps and distances the figure draws
+
+
+def kept_arrays(name: str, found: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Of a BHerd run's array metrics, what the report reads: the selection maps and client ids of the last
+    ``EXCLUSION_ROUNDS`` rounds, and of the figure's runs (``SELECTION_MAPS``) every round's and the distances."""
+    if "bherd_selected" not in found:
+        return {}
+    if re.fullmatch(SELECTION_MAPS, name):
+        return {k: found[k] for k in ("round", "bherd_client_ids", "bherd_selected", "bherd_distance")}
+    return {k: found[k][-EXCLUSION_ROUNDS:] for k in ("round", "bherd_client_ids", "bherd_selected")}
+
+
+# What the records keep beside the evaluated rows (the training objective and test accuracy are in them): the
+# selection arrays above and each client's number of rows (its steps a round).
+KEEP = Keep(arrays=kept_arrays, sizes=True)
+
+
 def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(CONFIGS / config_file, overrides))
+    done = run_once(runs, name, load_config(CONFIGS / config_file, overrides), KEEP)
     if done:
         summary, seconds = done
         print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
@@ -112,10 +131,9 @@ def curves(runs: Path, prefix: str, seeds) -> dict[int, tuple[np.ndarray, dict[s
     """Per seed that has finished: rounds and metric arrays of the evaluated rounds."""
     out = {}
     for seed in seeds:
-        run_dir = runs / f"{prefix}/seed{seed}"
-        if not (run_dir / "summary.json").is_file():
+        rows = evaluations(runs / f"{prefix}/seed{seed}")
+        if rows is None:
             continue
-        rows = [r for r in read_metrics(run_dir) if "test_accuracy" in r]
         out[seed] = (np.array([r["round"] for r in rows]),
                      {k: np.array([r.get(k, np.nan) for r in rows]) for k in ("full_train_loss", "test_accuracy")})
     return out
@@ -207,18 +225,17 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
     plt.close(fig)
 
 
-def exclusion(run_dir: Path, last: int = 20) -> tuple[float, float] | None:
+def exclusion(run_dir: Path, last: int = EXCLUSION_ROUNDS) -> tuple[float, float] | None:
     """Over the last ``last`` rounds of a BHerd run, the fractions of the clients' steps whose batch was never sent
     and always sent (a fixed batch order puts the same batch at the same step every round); ``None`` without
     selection maps."""
-    if not (run_dir / table_runs.SIZES).is_file() or "bherd_selected" not in (arrays := read_arrays(run_dir)):
+    if (rows := sizes(run_dir)) is None or "bherd_selected" not in (kept := arrays(run_dir)):
         return None
-    ids, selected = arrays["bherd_client_ids"][-last:], arrays["bherd_selected"][-last:]
+    ids, selected = kept["bherd_client_ids"][-last:], kept["bherd_selected"][-last:]
     counts = np.zeros((ids.max() + 1, selected.shape[-1]))
     np.add.at(counts, ids, selected)
-    sizes = json.loads((run_dir / table_runs.SIZES).read_text())
-    batch = load_config(run_dir / "config.yaml").client.batch_size
-    tau = np.array([max(n // batch, 1) for n in sizes])  # E = 1, remainders dropped
+    batch = run_config(run_dir)["client"]["batch_size"]
+    tau = np.array([max(n // batch, 1) for n in rows])  # E = 1, remainders dropped
     valid = np.arange(selected.shape[-1])[None, :] < tau[:, None]
     return float(((counts == 0) & valid).sum() / valid.sum()), float(((counts == last) & valid).sum() / valid.sum())
 
@@ -234,10 +251,10 @@ def plot_selection(runs: Path, out: Path) -> None:
     fig, axes = plt.subplots(3, 3, figsize=(14, 9.5))
     for i, case in enumerate((1, 2, 3)):
         run_dir = runs / f"svm/case{case}/bherd/seed0"
-        if not (run_dir / "summary.json").is_file():
+        if not finished(run_dir):
             continue
-        arrays = read_arrays(run_dir)
-        ids, selected, distance = arrays["bherd_client_ids"], arrays["bherd_selected"], arrays["bherd_distance"]
+        kept = arrays(run_dir)
+        ids, selected, distance = kept["bherd_client_ids"], kept["bherd_selected"], kept["bherd_distance"]
         for j, client in enumerate((0, ids.shape[1] - 1)):
             position = np.argmax(ids == client, axis=1)
             mask = selected[np.arange(len(ids)), position]
@@ -247,7 +264,7 @@ def plot_selection(runs: Path, out: Path) -> None:
             axes[i, j].set_ylabel("local step")
         for client in range(ids.shape[1]):
             position = np.argmax(ids == client, axis=1)
-            axes[i, 2].plot(arrays["round"], distance[np.arange(len(ids)), position], lw=0.8, label=f"client {client + 1}")
+            axes[i, 2].plot(kept["round"], distance[np.arange(len(ids)), position], lw=0.8, label=f"client {client + 1}")
         axes[i, 2].set_yscale("log")
         axes[i, 2].set_title(f"case {case}: ||selected mean - full mean|| (gradient)")
         axes[i, 2].set_xlabel("round")
@@ -322,8 +339,8 @@ def main() -> None:
             todo = list(jobs(part, args.seeds, args.methods))
             for name, config, overrides in (reversed(todo) if args.reverse else todo):
                 run(args.runs, name, config, overrides)
-            report(collect(args.runs), args.seeds, args.out)
-    print(f"wrote {report(collect(args.runs), args.seeds, args.out)}")
+            report(collect(args.runs, KEEP), args.seeds, args.out)
+    print(f"wrote {report(collect(args.runs, KEEP), args.seeds, args.out)}")
 
 
 if __name__ == "__main__":

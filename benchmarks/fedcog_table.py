@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
+from records import Keep
+from table_runs import collect, datasets_on_disk, evaluations, has_runs, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -55,8 +56,9 @@ METHODS = {
     # paper does not say which weighting its tables used (docs/fedcog.md).
     "fedcog_size": ("FedCOG, size weighting", None),
 }
-PLUGIN = {"fedcog_size": [f"algorithm.plugins=[{{name: fedcog, start_round: {START}, num_samples: 128, steps: 50, "
-                          "kd_weighting: size}]"]}
+PLUGIN = {"fedcog_size": [(f"algorithm.plugins=[{{name: fedcog, start_round: {START}, num_samples: 128, steps: 50, "
+                           "kd_weighting: size}]")]}
+KEEP = Keep()  # what the records keep: the report reads the evaluated rows only
 BASES = ["fedavg", "fedavgm", "fedprox", "scaffold", "moon"]
 PAPER_T1 = {  # Table 1: method -> (FMNIST NIID-1, NIID-2, CIFAR-10 NIID-1, NIID-2, CIFAR-100 NIID-1, NIID-2)
     "fedavg": ("73.07±0.08", "64.11±0.78", "64.36±0.11", "50.55±0.45", "39.07±0.36", "30.93±0.23"),
@@ -122,7 +124,7 @@ def table3_jobs(datasets, niids, seeds):
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(REPO / "configs" / "fedcog" / f"cpu_{dataset}.yaml", overrides))
+    done = run_once(runs, name, load_config(REPO / "configs" / "fedcog" / f"cpu_{dataset}.yaml", overrides), KEEP)
     if done:
         print(f"{name:<52} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -165,15 +167,15 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         # Table 1's FedCOG is FedAvg for its first START rounds, bit for bit (tested): the seeds pair.
         paper = ", ".join(f"{niid.upper()} {paper_mean('fedcog', column + k) - paper_mean('fedavg', column + k):+.2f}"
                           for k, niid in enumerate(NIID))
-        lines += ["", f"FedCOG's gain over FedAvg, seed by seed (points; seeds {' / '.join(map(str, seeds))}; "
-                      f"the paper's: {paper}):", "",
+        lines += ["", (f"FedCOG's gain over FedAvg, seed by seed (points; seeds {' / '.join(map(str, seeds))}; "
+                       f"the paper's: {paper}):"), "",
                   "| weighting | " + " | ".join(niid.upper() for niid in NIID) + " |", "|---|" + "---|" * len(NIID)]
         for method, weighting in (("fedcog", "fixed (lambda_kd 0.01)"), ("fedcog_size", "size (App. A.2.2)")):
             lines.append(f"| {weighting} | " + " | ".join(" / ".join(
                 gain(runs, f"{dataset}/{niid}/fedavg", s, f"{dataset}/{niid}/{method}") for s in seeds)
                 for niid in NIID) + " |")
         lines.append("")
-        if any((runs / dataset).glob("*/table3/*/*/summary.json")):
+        if has_runs(runs / dataset, "*/table3/*/*"):
             lines += [f"## Table 3, {dataset}: {START} rounds of X, then one round of X (x) or X + FedCOG (v)", "",
                       "| setting | " + " | ".join(f"{METHODS[b][0]} x | {METHODS[b][0]} v" for b in BASES) + " |",
                       "|---|" + "---|---|" * len(BASES)]
@@ -220,7 +222,7 @@ def main() -> None:
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
     # One report for everything that has run, not only what this invocation asked for.
-    records = collect(runs)
+    records = collect(runs, KEEP)
     report(records, datasets_on_disk(records, DATASET_COLUMN), seeds_on_disk(records, args.seeds), Path(args.out))
 
 

@@ -31,14 +31,29 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from table_runs import backends, collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
+from records import Keep
+from table_runs import (
+    backends,
+    collect,
+    datasets_on_disk,
+    evaluations,
+    finished,
+    has_runs,
+    metrics,
+    run_once,
+    seeds_on_disk,
+    write_report,
+)
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "feddle"
+# What the records keep beside the evaluated rows: the per-round metrics the report reads (the negative-coefficient
+# figure, the probe cosines and FedDF's step norms, at the rounds with a server step).
+KEEP = Keep(rounds=("server_steps", "update_norm", "feddle_negative_fraction", "feddle_probe_cosine",
+                    "feddf_step_norm"))
 
 
 def feddf(learning_rate: float) -> str:
@@ -128,7 +143,7 @@ def config_for(dataset: str, data: str) -> Path:
 
 def run(runs: Path, name: str, config: Path, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(config, overrides))
+    done = run_once(runs, name, load_config(config, overrides), KEEP)
     if done:
         print(f"{name:<60} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -201,7 +216,7 @@ def paper_metric(run_dir: Path) -> tuple[float, float] | None:
 
 
 def series(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
-    rows = [r for r in read_metrics(run_dir) if key in r]
+    rows = [r for r in metrics(run_dir) if key in r]
     return np.array([r["round"] for r in rows]), np.array([r[key] for r in rows])
 
 
@@ -227,11 +242,11 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
              "subset. FedDF distils for 10 Adam steps of 64 a server step. A cell: paper | ours, the best of the last "
              "five evaluations, mean ± std over seeds " + ", ".join(map(str, seeds)) + "; '-' is not run.", ""]
     for dataset in datasets:
-        if not any((runs / dataset).glob("dir*")):
+        if not has_runs(runs / dataset, "dir*"):
             lines += study_report(runs, dataset, out, plt)
             continue
-        lines += [f"## Table 5, {dataset}", "", f"Runs: {backends(runs / dataset)} (each record's summary names "
-                  "its backend; a GPU sums floats in another order, which moves a run by about what a seed does).", "",
+        lines += [f"## Table 5, {dataset}", "", (f"Runs: {backends(runs / dataset)} (each record's summary names "
+                  "its backend; a GPU sums floats in another order, which moves a run by about what a seed does)."), "",
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():
@@ -250,7 +265,7 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         lines.append("")
         figure = out.parent / f"feddle_negative_{dataset}.png"
         found = [(a, s, m) for a, s in COLUMNS for m in ("feddle_id", "feddle_ood")
-                 if (runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}/summary.json").is_file()]
+                 if finished(runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}")]
         if found:
             fig, ax = plt.subplots(figsize=(7, 3.6))
             for a, s, m in found:
@@ -276,11 +291,11 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
         return f"{got[0]:.1f}" if got else "-"
 
     def cosine(name):
-        y = [r["feddle_probe_cosine"] for r in read_metrics(runs / name) if r.get("server_steps", 0) > 0]
+        y = [r["feddle_probe_cosine"] for r in metrics(runs / name) if r.get("server_steps", 0) > 0]
         return f"{np.mean(y):.2f}" if len(y) else "-"
 
     lines = []
-    if any((runs / f"{dataset}/ablation").glob("*/*/summary.json")):
+    if has_runs(runs / f"{dataset}/ablation", "*/*"):
         lines += [f"## Table 3 (ablation), {dataset}, Dir(0.1)/N(20), seed 0", "",
                   "| configuration | ID paper | ID ours | ID probe cosine | OOD paper | OOD ours | OOD probe cosine |",
                   "|---|---|---|---|---|---|---|"]
@@ -292,7 +307,7 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
         fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
         for ax, data, title in zip(axes, ("ood", "id"), ("out-of-domain search", "in-domain search")):
             for k in (0, 3, 4):
-                rows = [r for r in read_metrics(runs / f"{dataset}/ablation/{data}/step{k}")
+                rows = [r for r in metrics(runs / f"{dataset}/ablation/{data}/step{k}")
                         if r.get("server_steps", 0) > 0]
                 if rows:
                     ax.plot([r["round"] for r in rows], [r["feddle_probe_cosine"] for r in rows], ".", ms=3,
@@ -306,25 +321,24 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
         plt.close(fig)
         lines += [f"![probe cosine](feddle_probe_cosine_{dataset}.png)", ""]
     for study, values, field in (("lambda", LAMBDAS, "lambda"), ("atlas", ATLAS_SIZES, "M")):
-        if any((runs / f"{dataset}/{study}").glob("*/*/summary.json")) or study == "lambda" and any(
-                (runs / f"{dataset}/ablation").glob("*/*/summary.json")):
+        if has_runs(runs / f"{dataset}/{study}", "*/*") or study == "lambda" and has_runs(
+                runs / f"{dataset}/ablation", "*/*"):
             lines += [f"## {field} trend, {dataset}, Dir(0.1)/N(20), seed 0", "",
                       f"| {field} | " + " | ".join(map(str, values)) + " |", "|---|" + "---|" * len(values)]
             for data in ("id", "ood"):
                 lines.append(f"| Feddle-{data.upper()} | " + " | ".join(acc(trend_run(dataset, study, data, v))
                                                                          for v in values) + " |")
             lines.append("")
-    if any((runs / f"{dataset}/feddf_lr").glob("*/*/summary.json")):
+    if has_runs(runs / f"{dataset}/feddf_lr", "*/*"):
         lines += [f"## FedDF's distillation learning rate, {dataset}, Dir(0.1)/N(20), seed 0", "",
-                  "A fresh Adam a server step takes steps of about the learning rate in every parameter, also "
-                  "where the distillation loss is already near 0: the mean distance distillation moves the model "
-                  "a server step, beside the mean norm of the buffered update it follows.", "",
+                  ("A fresh Adam a server step takes steps of about the learning rate in every parameter, also "
+                   "where the distillation loss is already near 0: the mean distance distillation moves the model "
+                   "a server step, beside the mean norm of the buffered update it follows."), "",
                   "| FedDF | lr | accuracy | distillation's step (L2) | buffered update (L2) |", "|---|---|---|---|---|"]
         for data in ("id", "ood"):
             for lr in FEDDF_RATES:
                 name = feddf_run(dataset, data, lr)
-                rows = [r for r in read_metrics(runs / name) if r.get("server_steps", 0) > 0] \
-                    if (runs / name / "summary.json").is_file() else []
+                rows = [r for r in metrics(runs / name) if r.get("server_steps", 0) > 0]
                 step = f"{np.mean([r['feddf_step_norm'] for r in rows]):.2f}" if rows and "feddf_step_norm" in rows[
                     0] else "-"
                 update = f"{np.mean([r['update_norm'] for r in rows]):.2f}" if rows else "-"
@@ -358,7 +372,7 @@ def main() -> None:
         for job in reversed(jobs) if args.reverse else jobs:
             run(runs, *job)
     # One report for everything that has run, not only what this invocation asked for.
-    records = collect(runs)
+    records = collect(runs, KEEP)
     report(records, datasets_on_disk(records, PAPER), seeds_on_disk(records, args.seeds), Path(args.out))
 
 

@@ -30,12 +30,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+from records import Keep
 from table_runs import collect, datasets_on_disk, evaluations, run_once, seeds_on_disk, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
 
 REPO = Path(__file__).resolve().parents[1]
+KEEP = Keep()  # what the records keep: the report reads the evaluated rows only (the dissimilarities are in them)
 SETTINGS = {  # name -> (label, overrides)
     "a0.1_E1_M10": ("a=0.1, E=1, M=10", []),
     "a0.05_E1_M10": ("a=0.05, E=1, M=10", ["dataset.partition.alpha=0.05"]),
@@ -135,7 +137,7 @@ def split_jobs(dataset: str):
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides))
+    done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides), KEEP)
     if done:
         print(f"{name:<52} best acc {done[0]['best_test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -325,7 +327,7 @@ def main() -> None:
         for job in reversed(todo) if args.reverse else todo:
             run(runs, *job)
     # One report for everything that has run, not only what this invocation asked for.
-    records = collect(runs)
+    records = collect(runs, KEEP)
     report(records, datasets_on_disk(records, PAPER), seeds_on_disk(records, args.seeds), Path(args.out))
 
 

@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from table_runs import collect, run_once
+from records import Keep
+from table_runs import collect, metrics, run_once
+from table_runs import summary as run_summary
 from table_runs import write_report as write_markdown
 
 from fedjax_lab.experiments import load_config
@@ -32,6 +34,7 @@ from fedjax_lab.experiments.run_directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "fedwalk"
+KEEP = Keep(rounds=("leash_steps_taken",))  # beside the evaluated rows: the leash steps of the last round
 # SCAFFOLD diverged at lr 0.05 in this setting (20% participation, Dir(0.1): its test loss exploded near round
 # 20 with and without the leash); it runs at 0.01, the top of the paper's grid (the leash follows, gamma = eta).
 BASES = {"fedavg": ["algorithm.weighting=uniform"],
@@ -65,7 +68,7 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     its result."""
     run_dir = runs / name
     start = time.perf_counter()
-    run_once(runs, name, load_config(CONFIGS / config_file, overrides))
+    run_once(runs, name, load_config(CONFIGS / config_file, overrides), KEEP)
     if not (run_dir / "summary.json").is_file():
         print(f"{name:<40} kept from before or claimed by another process; skipped", flush=True)
         return
@@ -134,12 +137,11 @@ def pretrained_jobs(seeds):
 
 def finished(runs: Path, jobs) -> dict:
     """The finished runs among ``jobs`` (whoever ran them), read from their kept records."""
-    runs = collect(runs)
+    runs = collect(runs, KEEP)
     out = {}
     for name, _, _ in jobs:
-        if (runs / name / "summary.json").is_file():
-            out[name] = {"summary": json.loads((runs / name / "summary.json").read_text()),
-                         "rows": read_metrics(runs / name)}
+        if (summary := run_summary(runs / name)) is not None:
+            out[name] = {"summary": summary, "rows": metrics(runs / name)}
     return out
 
 

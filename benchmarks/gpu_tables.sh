@@ -5,11 +5,12 @@
 #   bash benchmarks/gpu_tables.sh OUT_DIR BUDGET_SECONDS "N:COMMAND" ["N:COMMAND" ...]
 #
 # Each "N:COMMAND" starts N copies of COMMAND (a table script, e.g. "6:python benchmarks/feddle_table.py
-# --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves nothing. The records of the
-# runs finished meanwhile (``benchmarks/results/runs/...``, as the scripts keep them) are packed into
-# OUT_DIR/records.tgz with each copy's log beside it: unpack the archive in the repository's root. The GPU is
-# shared by the copies (no preallocation), the CPU cores too: each run is small, so several at once fill the GPU
-# better than one. Data come from $FEDJAX_LAB_DATA. Records made here say "backend": "gpu" in their summary.
+# --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves nothing. The record files
+# that runs finished meanwhile were added to (``benchmarks/results/records/<table>.jsonl.gz``, as the scripts keep
+# them) are packed into OUT_DIR/records.tgz with each copy's log beside it: unpack the archive in a folder of its
+# own and merge it, ``python benchmarks/compact_records.py --merge DIR/benchmarks/results/records/*.jsonl.gz``. The
+# GPU is shared by the copies (no preallocation), the CPU cores too: each run is small, so several at once fill the
+# GPU better than one. Data come from $FEDJAX_LAB_DATA. Records made here say "backend": "gpu".
 set -u -o pipefail
 out=${1:?usage: gpu_tables.sh OUT_DIR BUDGET_SECONDS N:COMMAND...}
 budget=${2:?budget in seconds}
@@ -19,6 +20,11 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the table scripts import fedjax_lab from the checkout
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 marker=$(mktemp)
+kept() {  # how many runs the record files hold
+    python -c 'import glob, sys; sys.path.insert(0, "benchmarks"); import records
+print(sum(len(records.read(p)) for p in glob.glob("benchmarks/results/records/*.jsonl.gz")))'
+}
+before=$(kept)
 pids=()
 k=0
 for spec in "$@"; do
@@ -39,6 +45,6 @@ while ((SECONDS < end)); do
 done
 for p in "${pids[@]}"; do kill -- -"$p" 2>/dev/null; done
 sleep 2
-find benchmarks/results/runs -type f -newer "$marker" -print0 | tar czf "$out/records.tgz" --null -T -
-echo "== $(find benchmarks/results/runs -name summary.json -newer "$marker" | wc -l) runs finished in $SECONDS s"
+find benchmarks/results/records -name "*.jsonl.gz" -newer "$marker" -print0 | tar czf "$out/records.tgz" --null -T -
+echo "== $(($(kept) - before)) runs finished in $SECONDS s"
 grep -h "test acc" "$out"/worker_*.log

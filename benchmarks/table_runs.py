@@ -1,15 +1,21 @@
 """What the reproduction scripts (``benchmarks/*_table.py``) share: running each cell once, with several copies
-of a script sharing the work, keeping every finished run in the repository, and finding what has run.
+of a script sharing the work, keeping every finished run's record in the repository, and finding what has run.
 
-A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, plots). When it finishes, its record (``KEPT``: the
-resolved config, the metrics, the summary, array metrics, and each client's number of rows) is copied to
-``benchmarks/results/runs/<runs' folder name>/<name>``, which is committed: the reports read only these records, so
-a table regenerated in a later session, on a fresh clone, still covers every run made before.
+A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, partition, every metrics row, array blocks). When it
+finishes, its record (``records.py``: the resolved config, seed, commit, backend and devices, the evaluated rows of
+the curve and the per-round metrics and arrays its report reads, the summary's final and best) is added to
+``benchmarks/results/records/<runs' folder name>.jsonl.gz``, one file per table, which is committed: the reports
+read only these records, so a table regenerated in a later session, on a fresh clone, still covers every run made
+before. ``python benchmarks/compact_records.py`` turns record folders of the older layout into these files.
 
 A run is skipped when its record or its ``summary.json`` exists (it finished before), or when another copy of the
 script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends, also
 when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright leaves its
 claim behind, and ``rm -r <runs>/.claims`` clears it.
+
+The readers below (``finished``, ``evaluations``, ``metrics``, ``summary``, ``arrays``, ``sizes``, ``config``,
+``has_runs``, ...) take a run either as ``records / name`` (``records`` as ``collect`` returns them) or as the path
+of a run directory on disk.
 
 A report never silently loses a cell: ``write_report`` writes a table that would leave a filled cell of the
 committed one empty (regenerated before that cell's run was rerun, say) beside it, as ``*.new.md``.
@@ -17,62 +23,102 @@ committed one empty (regenerated before that cell's run was rerun, say) beside i
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import re
-import shutil
+import tempfile
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import records as record_files
+from records import Keep, Record
 
-from fedjax_lab.data.report import load_partition
 from fedjax_lab.experiments import Config, run_experiment
-from fedjax_lab.experiments.run_directory import read_metrics
 
-RECORDS = Path(__file__).resolve().parent / "results" / "runs"
-KEPT = ("config.yaml", "metrics.jsonl", "summary.json", "arrays")
-SIZES = "client_sizes.json"  # kept in place of the partition (~250 KB a run): the rows of each client
+RECORDS = Path(__file__).resolve().parent / "results" / "records"
+SUFFIX = ".jsonl.gz"
+EVALUATIONS = Keep()
+"""A record that keeps, of the metrics, the evaluated rows only (a script's ``KEEP`` says what else its report
+reads)."""
+
+
+class Records:
+    """The records of one file, as ``collect`` returns them: ``records / "cifar10/niid1"`` is a ``RunPath``."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.runs: dict[str, Record] = record_files.read(self.path)
+
+    def __truediv__(self, name: str) -> RunPath:
+        return RunPath(self, str(PurePosixPath(name)))
+
+    def __repr__(self) -> str:
+        return f"Records({str(self.path)!r}, {len(self.runs)} runs)"
+
+
+class RunPath:
+    """A run, or a folder of runs, among ``records``: ``name`` is its path under the runs' folder."""
+
+    def __init__(self, records: Records, name: str):
+        self.records, self.name = records, name
+
+    def __truediv__(self, name: str) -> RunPath:
+        return RunPath(self.records, str(PurePosixPath(self.name, name)))
+
+    def __repr__(self) -> str:
+        return f"{self.records.path}:{self.name}"
+
+    def record(self) -> Record | None:
+        return self.records.runs.get(self.name)
+
+    def under(self) -> dict[str, Record]:
+        """The records under this folder, by their path relative to it."""
+        prefix = self.name + "/"
+        return {n[len(prefix):]: r for n, r in self.records.runs.items() if n.startswith(prefix)}
+
+
+Run = Path | RunPath | Records
 
 
 def records_of(runs: Path) -> Path:
-    """The committed records of the runs under ``runs``: ``benchmarks/results/runs/<runs.name>``."""
-    return RECORDS / Path(runs).name
+    """The committed records of the runs under ``runs``: ``benchmarks/results/records/<runs.name>.jsonl.gz``."""
+    return RECORDS / f"{Path(runs).name}{SUFFIX}"
 
 
-def keep(run_dir: Path, record: Path) -> None:
-    """Copies a finished run's record (``KEPT``) from ``run_dir`` to ``record``."""
-    record.mkdir(parents=True, exist_ok=True)
-    for name in KEPT:
-        source = run_dir / name
-        if source.is_dir():
-            shutil.copytree(source, record / name, dirs_exist_ok=True)
-        elif source.is_file():
-            shutil.copy2(source, record / name)
-    if (run_dir / "partition.npz").is_file():
-        rows, _ = load_partition(run_dir / "partition.npz")
-        (record / SIZES).write_text(json.dumps([len(r) for r in rows]) + "\n")
+def keep(run_dir: Path, records: Path, name: str, spec: Keep = EVALUATIONS) -> None:
+    """Adds the record of the finished run in ``run_dir`` (what ``spec`` keeps) to the file ``records`` as
+    ``name``."""
+    record_files.add(records, [Record.from_run_dir(run_dir, name, spec, record_files.code_commit())])
 
 
-def collect(runs: Path) -> Path:
+def collect(runs: Path, spec: Keep = EVALUATIONS) -> Records:
     """Keeps the record of every finished run under ``runs`` not kept yet (runs made by an older script or
-    copied in by hand), and returns the folder of records the reports read."""
-    records = records_of(runs)
-    for summary in Path(runs).glob("**/summary.json"):
-        name = summary.parent.relative_to(runs)
-        if not (records / name / "summary.json").is_file():
-            keep(summary.parent, records / name)
-    return records
+    copied in by hand), and returns the records the reports read."""
+    path = records_of(runs)
+    kept = record_files.read(path)
+    new = []
+    for summary in sorted(Path(runs).glob("**/summary.json")):
+        name = summary.parent.relative_to(runs).as_posix()
+        if name not in kept:
+            new.append(Record.from_run_dir(summary.parent, name, spec, record_files.code_commit()))
+    record_files.add(path, new)
+    return Records(path)
 
 
-def run_once(runs: Path, name: str, config: Config) -> tuple[dict[str, Any], float] | None:
-    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its record.
+def run_once(runs: Path, name: str, config: Config,
+             spec: Keep = EVALUATIONS) -> tuple[dict[str, Any], float] | None:
+    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its record
+    (what ``spec`` says).
 
     Returns:
       ``(summary, seconds)`` of a run made now, or None when it was skipped.
     """
     run_dir = runs / name
-    if (run_dir / "summary.json").is_file() or (records_of(runs) / name / "summary.json").is_file():
+    if (run_dir / "summary.json").is_file() or name in record_files.read(records_of(runs)):
         return None
     claim = runs / ".claims" / name.replace("/", "__")
     claim.parent.mkdir(parents=True, exist_ok=True)
@@ -80,43 +126,122 @@ def run_once(runs: Path, name: str, config: Config) -> tuple[dict[str, Any], flo
         claim.open("x").close()
     except FileExistsError:
         return None
+    record_files.code_commit()  # the commit the run starts from (read once)
     start = time.perf_counter()
     try:
         summary = run_experiment(config, run_dir, overwrite=True, progress=False)
-        keep(run_dir, records_of(runs) / name)
+        keep(run_dir, records_of(runs), name, spec)
     finally:
         claim.unlink(missing_ok=True)
     return summary, time.perf_counter() - start
 
 
-def backends(folder: Path) -> str:
+# --------------------------------------------------------------------------------- reading runs and records
+def record(run: Run) -> Record | None:
+    """The record of a finished run, ``records / name`` or a run directory; None if it has not finished."""
+    if isinstance(run, RunPath):
+        return run.record()
+    if isinstance(run, Records):
+        return None
+    run = Path(run)
+    return Record.from_run_dir(run, run.name) if (run / "summary.json").is_file() else None
+
+
+def runs_under(folder: Run) -> dict[str, Record | Path]:
+    """The finished runs under ``folder`` by their path relative to it: records, or run directories on disk."""
+    if isinstance(folder, Records):
+        return dict(folder.runs)
+    if isinstance(folder, RunPath):
+        return folder.under()
+    folder = Path(folder)
+    return {s.parent.relative_to(folder).as_posix(): s.parent for s in sorted(folder.glob("**/summary.json"))
+            if s.parent != folder}
+
+
+def has_runs(folder: Run, pattern: str = "*") -> bool:
+    """Whether a finished run lies under ``folder`` at a path whose first parts match ``pattern`` (``*`` for one
+    part: ``has_runs(runs / "cifar10", "*/table3/*/*")``)."""
+    parts = PurePosixPath(pattern).parts
+    return any(len(p := PurePosixPath(name).parts) >= len(parts)
+               and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p, parts)) for name in runs_under(folder))
+
+
+def finished(run: Run) -> bool:
+    """Whether ``run`` has finished (has a record, or a ``summary.json`` on disk)."""
+    return record(run) is not None
+
+
+def summary(run: Run) -> dict[str, Any] | None:
+    """A finished run's ``summary.json``; None if it has not finished."""
+    return None if (r := record(run)) is None else r.summary
+
+
+def evaluations(run: Run) -> list[dict[str, Any]] | None:
+    """The metrics rows of a finished run that hold a test evaluation, in round order; None if it has not
+    finished."""
+    return None if (r := record(run)) is None else r.evaluations()
+
+
+def metrics(run: Run) -> list[dict[str, Any]]:
+    """A finished run's metrics rows (of a record: the evaluated rows and the kept per-round metrics); empty if it
+    has not finished."""
+    return [] if (r := record(run)) is None else r.rows
+
+
+def arrays(run: Run) -> dict[str, np.ndarray]:
+    """A finished run's (kept) array metrics, as ``read_arrays`` gives them; empty if none."""
+    return {} if (r := record(run)) is None else r.arrays
+
+
+def sizes(run: Run) -> list[int] | None:
+    """Each client's number of rows (kept where a report reads them); None if not kept."""
+    return None if (r := record(run)) is None else r.sizes
+
+
+def config(run: Run) -> dict[str, Any] | None:
+    """A finished run's resolved config, as the dict of its ``config.yaml``."""
+    return None if (r := record(run)) is None else r.config
+
+
+@contextlib.contextmanager
+def run_directories(runs: list[Run]) -> Iterator[list[Path]]:
+    """Run directories for functions that read one (``fedjax_lab.experiments.plots``): a record is written out
+    to a temporary one (``Record.write_run_dir``); a run directory on disk is passed as it is."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = []
+        for k, run in enumerate(runs):
+            if not isinstance(run, RunPath):
+                out.append(Path(run))
+                continue
+            r, run_dir = run.record(), Path(folder) / str(k)
+            run_dir.mkdir()
+            if r is not None:
+                r.write_run_dir(run_dir)
+            out.append(run_dir)
+        yield out
+
+
+def backends(folder: Run) -> str:
     """How many finished runs under ``folder`` ran on each backend, e.g. ``"12 on cpu, 80 on gpu"``."""
     counts: dict[str, int] = {}
-    for summary in sorted(Path(folder).glob("**/summary.json")):
-        backend = json.loads(summary.read_text()).get("backend", "unknown")
+    for run in runs_under(folder).values():
+        backend = run.backend if isinstance(run, Record) else json.loads(
+            (run / "summary.json").read_text()).get("backend", "unknown")
         counts[backend] = counts.get(backend, 0) + 1
     return ", ".join(f"{n} on {b}" for b, n in sorted(counts.items()))
 
 
-def seeds_on_disk(runs: Path, default: list[int]) -> list[int]:
-    """Every seed with a finished run under ``runs`` (``.../seed<k>/summary.json``), or ``default`` if none: the
-    report covers what has run, not only what one invocation asked for."""
-    found = {int(m.group(1)) for path in runs.glob("**/seed*/summary.json")
-             if (m := re.fullmatch(r"seed(\d+)", path.parent.name))}
+def seeds_on_disk(runs: Run, default: list[int]) -> list[int]:
+    """Every seed with a finished run under ``runs`` (``.../seed<k>``), or ``default`` if none: the report covers
+    what has run, not only what one invocation asked for."""
+    found = {int(m.group(1)) for name in runs_under(runs)
+             if (m := re.fullmatch(r"seed(\d+)", PurePosixPath(name).name))}
     return sorted(found) or list(default)
 
 
-def datasets_on_disk(runs: Path, known) -> list[str]:
-    """The datasets of ``known`` (in its order) with a folder of runs under ``runs``."""
-    return [d for d in known if (runs / d).is_dir()]
-
-
-def evaluations(run_dir: Path) -> list[dict[str, Any]] | None:
-    """The metrics rows of a finished run that hold a test evaluation, in round order; None if it has not
-    finished."""
-    if not (run_dir / "summary.json").is_file():
-        return None
-    return [r for r in read_metrics(run_dir) if "test_accuracy" in r]
+def datasets_on_disk(runs: Run, known) -> list[str]:
+    """The datasets of ``known`` (in its order) with a finished run under ``runs``."""
+    return [d for d in known if has_runs(runs / d)]
 
 
 def mean_std(values: list[float], sep: str = "±", of: int | None = None) -> str:

@@ -1,7 +1,9 @@
 """The reproduction scripts keep every finished run's record in the repository and never run a kept cell again."""
 
+import gzip
 import json
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,12 @@ import pytest
 from fedjax_lab.data.report import save_partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import compact_records
+import records as record_files
 import table_runs
+from records import Keep, Record
+
+from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
 
 @pytest.fixture
@@ -32,13 +39,115 @@ def test_collect_keeps_the_record_of_finished_runs_without_checkpoints(tmp_path,
     runs = tmp_path / "fedimpro"
     fake_run(runs / "a/fedavg/seed0", 0.8)
     (runs / "a/fedavg/seed1").mkdir(parents=True)  # unfinished: no summary, not kept
-    kept = table_runs.collect(runs)
-    assert kept == records / "fedimpro"
-    assert sorted(p.name for p in (kept / "a/fedavg/seed0").iterdir()) == [
-        "client_sizes.json", "config.yaml", "metrics.jsonl", "summary.json"]
-    assert json.loads((kept / "a/fedavg/seed0/client_sizes.json").read_text()) == [3, 5]
-    assert not (kept / "a/fedavg/seed1").exists()
+    kept = table_runs.collect(runs, Keep(sizes=True))
+    assert kept.path == records / "fedimpro.jsonl.gz"  # one compact file per table
+    assert [p.name for p in records.iterdir() if not p.name.startswith(".")] == ["fedimpro.jsonl.gz"]
+    assert list(kept.runs) == ["a/fedavg/seed0"]
+    record = kept.runs["a/fedavg/seed0"]
+    assert (record.config, record.seed, record.sizes) == ({"seed": 0}, 0, [3, 5])
+    assert (record.backend, record.devices) == ("unknown", "unknown")  # the summary names none
+    assert record.commit == record_files.code_commit()
+    assert table_runs.evaluations(kept / "a/fedavg/seed0") == [{"round": 5, "test_accuracy": 0.8}]
+    assert table_runs.summary(kept / "a/fedavg/seed0") == {"best_test_accuracy": 0.8}
+    assert not table_runs.finished(kept / "a/fedavg/seed1")
     assert table_runs.seeds_on_disk(kept, [7]) == [0]
+    assert table_runs.datasets_on_disk(kept, ["b", "a"]) == ["a"]
+    assert table_runs.has_runs(kept / "a", "fedavg/*") and not table_runs.has_runs(kept / "a", "fedprox/*")
+
+
+def test_a_record_keeps_the_evaluated_rows_whole_and_of_the_others_what_its_report_reads(tmp_path):
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, 0.8)
+    rows = [{"round": 0, "test_loss": 2.3, "test_accuracy": 0.1}]
+    rows += [{"round": r, "train_loss": 1.0 / r, "server_steps": float(r % 2), **(
+        {"test_loss": 1.5, "test_accuracy": 0.5, "diverged": "nan"} if r == 4 else {})} for r in range(1, 5)]
+    rows[2]["x"] = float("nan")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = Record.from_run_dir(run_dir, "run", Keep(rounds=("server_steps", "x")))
+    assert json.dumps(record.rows) == json.dumps([rows[0], {"round": 1, "server_steps": 1.0}, {
+        "round": 2, "server_steps": 0.0, "x": float("nan")}, {"round": 3, "server_steps": 1.0}, rows[4]])
+    assert record.evaluations() == [rows[0], rows[4]]
+    assert Record.from_run_dir(run_dir, "run", Keep()).rows == [rows[0], rows[4]]  # rows with no kept metric go
+    assert json.dumps(Record.from_run_dir(run_dir, "run").rows) == json.dumps(rows)  # read in place: everything
+
+
+def test_configs_are_kept_as_differences_from_the_files_base_and_read_back_exactly(tmp_path):
+    base = {"seed": 0, "client": {"learning_rate": 0.1, "batch_size": 32}, "asynchrony": {"sigma": 5, "cap": 40},
+            "eval": {"dissimilarity_counterfactual": {}, "every": 5}, "algorithm": {"plugins": [{"name": "a"}]}}
+    other = {"seed": 1, "client": {"learning_rate": 1, "batch_size": 32}, "asynchrony": None,
+             "eval": {"dissimilarity_counterfactual": {"algorithm.weight": 0.0}, "every": 5},
+             "algorithm": {"plugins": []}, "extra": {"new": True}}
+    runs = {name: Record(name=name, config=config, summary={}, rows=[], seed=config["seed"])
+            for name, config in (("a/seed0", base), ("a/seed1", other), ("b/seed0", base))}
+    path = tmp_path / "family.jsonl.gz"
+    record_files.write(path, runs)
+    read = record_files.read(path)
+    assert {n: r.config for n, r in read.items()} == {n: r.config for n, r in runs.items()}
+    assert type(read["a/seed1"].config["client"]["learning_rate"]) is int  # 1, not the base's 0.1 read as 1.0
+    header, *lines = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    assert header["base_config"] == base  # the values most runs share, stored once
+    assert [line["name"] for line in lines] == ["a/seed0", "a/seed1", "b/seed0"]
+    assert lines[0]["config"] == {} and "config_unset" not in lines[0]
+    assert lines[1]["config_unset"] == ["asynchrony.cap", "asynchrony.sigma"]
+    record_files.write(tmp_path / "again.jsonl.gz", read, header["base_config"])
+    assert (tmp_path / "again.jsonl.gz").read_bytes() == path.read_bytes()  # reproducible bytes: no churn in git
+
+
+def test_arrays_are_kept_exactly():
+    arrays = {"selected": np.random.default_rng(0).random((3, 5, 7)) < 0.3,
+              "ids": np.arange(15, dtype=np.int32).reshape(3, 5), "distance": np.array([[1.5, np.nan]], np.float32)}
+    for name, array in arrays.items():
+        back = record_files.decode_array(json.loads(json.dumps(record_files.encode_array(array))))
+        assert back.dtype == array.dtype and back.shape == array.shape, name
+        np.testing.assert_array_equal(back, array)
+
+
+def test_adding_replaces_a_run_of_the_same_name_and_copies_adding_at_once_all_keep_theirs(tmp_path):
+    path = tmp_path / "family.jsonl.gz"
+    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.1}, rows=[])])
+    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.2}, rows=[])])
+    threads = [threading.Thread(target=record_files.add, args=(path, [Record(
+        name=f"b{k}", config={"seed": k}, summary={}, rows=[])])) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    read = record_files.read(path)
+    assert sorted(read) == ["a"] + [f"b{k}" for k in range(8)]
+    assert read["a"].summary == {"best_test_accuracy": 0.2} and read["b3"].config == {"seed": 3}
+
+
+def test_a_record_written_out_reads_as_a_run_directory_for_the_plots(tmp_path, records):
+    runs = tmp_path / "async"
+    fake_run(runs / "fedbuff/seed0", 0.8)
+    counts = np.arange(20, dtype=np.int32).reshape(4, 5)
+    np.savez(runs / "fedbuff/seed0/arrays.npz", x=0)  # not an array block: ignored
+    (runs / "fedbuff/seed0/arrays").mkdir()
+    np.savez(runs / "fedbuff/seed0/arrays/rounds_000001_000004.npz", staleness_counts=counts)
+    kept = table_runs.collect(runs, Keep(arrays=lambda name, a: {"staleness_counts": a["staleness_counts"].sum(
+        0, keepdims=True)}))
+    with table_runs.run_directories([kept / "fedbuff/seed0", runs / "fedbuff/seed0"]) as (written, in_place):
+        assert in_place == runs / "fedbuff/seed0"
+        assert read_metrics(written) == read_metrics(in_place)
+        np.testing.assert_array_equal(read_arrays(written)["staleness_counts"], counts.sum(0, keepdims=True))
+        assert json.loads((written / "summary.json").read_text()) == {"best_test_accuracy": 0.8}
+
+
+def test_old_record_folders_convert_and_merge(tmp_path, records):
+    old = tmp_path / "old" / "fedimpro"
+    fake_run(old / "a/fedavg/seed0", 0.8)
+    fake_run(old / "a/fedavg/seed1", 0.7)
+    (old / "a/fedavg/seed0/client_sizes.json").write_text("[3, 5]\n")
+    out = records / "fedimpro.jsonl.gz"
+    assert compact_records.compact(old, out, Keep()) == 2  # also checks each record against its folder
+    assert sorted(record_files.read(out)) == ["a/fedavg/seed0", "a/fedavg/seed1"]
+    elsewhere = tmp_path / "gpu" / "fedimpro.jsonl.gz"
+    record_files.write(elsewhere, {name: Record(name=name, config={"seed": 9}, summary={}, rows=[])
+                                   for name in ("a/fedavg/seed1", "a/fedavg/seed2")})
+    assert compact_records.merge(elsewhere, out) == 1  # a run kept here is never replaced by another copy's
+    merged = record_files.read(out)
+    assert sorted(merged) == ["a/fedavg/seed0", "a/fedavg/seed1", "a/fedavg/seed2"]
+    assert merged["a/fedavg/seed1"].seed == 0
 
 
 def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):
@@ -108,14 +217,19 @@ def test_feddf_grid_reuses_table5_seed0_cells_at_the_rates_the_table_has_rows_fo
     assert table["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"] == jobs["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"]
 
 
-def test_fedcog_gain_is_the_plugged_run_minus_its_base_on_the_same_seed(tmp_path):
+@pytest.mark.parametrize("read_from", ["run folders", "records"])
+def test_fedcog_gain_is_the_plugged_run_minus_its_base_on_the_same_seed(tmp_path, records, read_from):
     import fedcog_table
 
-    fake_run(tmp_path / "cifar10/niid1/table3/fedavg/seed0", 0.40)
-    fake_run(tmp_path / "cifar10/niid1/table3/fedavg_fedcog/seed0", 0.425)
-    fake_run(tmp_path / "cifar10/niid1/table3/fedavg/seed1", 0.41)  # its FedCOG arm has not finished
-    assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 0) == "+2.5"
-    assert fedcog_table.gain(tmp_path, "cifar10/niid1/table3/fedavg", 1) == "-"
+    runs = tmp_path / "fedcog"
+    fake_run(runs / "cifar10/niid1/table3/fedavg/seed0", 0.40)
+    fake_run(runs / "cifar10/niid1/table3/fedavg_fedcog/seed0", 0.425)
+    fake_run(runs / "cifar10/niid1/table3/fedavg/seed1", 0.41)  # its FedCOG arm has not finished
+    if read_from == "records":
+        runs = table_runs.collect(runs, fedcog_table.KEEP)
+    assert fedcog_table.gain(runs, "cifar10/niid1/table3/fedavg", 0) == "+2.5"
+    assert fedcog_table.gain(runs, "cifar10/niid1/table3/fedavg", 1) == "-"
+    assert table_runs.has_runs(runs / "cifar10", "*/table3/*/*")
 
 
 def test_fedcog_table1_gain_pairs_fedcog_with_fedavg_on_the_same_seed(tmp_path):

@@ -1,0 +1,129 @@
+"""Turns run records of the older layout (a folder per run: ``config.yaml``, ``metrics.jsonl``, ``summary.json``,
+``arrays/``, ``client_sizes.json``, under ``benchmarks/results/runs/<family>/``) into the compact files the reports
+read, ``benchmarks/results/records/<family>.jsonl.gz`` (``records.py``), keeping what each family's report reads
+(its script's ``KEEP``), and checks that every converted record reads back as its folder did.
+
+Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's.
+
+Usage::
+
+    python benchmarks/compact_records.py                      # every family under benchmarks/results/runs
+    python benchmarks/compact_records.py --folders runs/feddle --delete   # any folder of runs; then delete it
+    python benchmarks/compact_records.py --merge OUT/benchmarks/results/records/*.jsonl.gz
+
+A family's file already there is merged with (a converted run of the same name is replaced). ``--delete`` removes
+each folder once its records are written and checked. ``--merge`` adds each file's runs that the repository's file
+of the same name lacks (a script never reruns a kept cell, so those are the runs made elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import records as record_files
+import yaml
+from records import Keep, Record
+from table_runs import RECORDS, SUFFIX
+
+OLD = Path(__file__).resolve().parent / "results" / "runs"
+SCRIPTS = {"async": "async_table", "baselines": "baselines_table", "bherd": "bherd_table", "fedcog": "fedcog_table",
+           "fedcog_weighting": "fedcog_table", "feddle": "feddle_table", "fedimpro": "fedimpro_table",
+           "fedwalk": "fedwalk_table"}
+"""The script whose ``KEEP`` says what a family's records keep (by the runs folder's name; others: ``Keep()``)."""
+
+
+def spec_of(family: str) -> Keep:
+    return importlib.import_module(SCRIPTS[family]).KEEP if family in SCRIPTS else Keep()
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def check(kept: Record, run_dir: Path, spec: Keep) -> None:
+    """Raises unless ``kept`` (read back from its file) holds what the folder ``run_dir`` does, as ``spec`` keeps
+    it: config, summary, every evaluated row, and the kept rows, arrays and sizes."""
+    whole = Record.from_run_dir(run_dir, kept.name)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    kept_rows = [r if "test_accuracy" in r else {k: r[k] for k in ("round", *spec.rounds) if k in r}
+                 for r in whole.rows if "test_accuracy" in r or any(k in r for k in spec.rounds)]
+    problems = [what for what, a, b in (
+        ("config", kept.config, yaml.safe_load((run_dir / "config.yaml").read_text())),
+        ("summary", kept.summary, summary),
+        ("backend", [kept.backend, kept.devices], [summary.get(k, record_files.UNKNOWN) for k in ("backend", "devices")]),
+        ("evaluated rows", kept.evaluations(), whole.evaluations()),
+        ("kept rows", kept.rows, kept_rows),
+        ("sizes", kept.sizes, whole.sizes if spec.sizes else None)) if not same_value(a, b)]
+    expected = spec.arrays(kept.name, whole.arrays) if spec.arrays and whole.arrays else {}
+    got = kept.arrays
+    if got.keys() != expected.keys() or any(
+            got[k].dtype != expected[k].dtype or not np.array_equal(got[k], expected[k], equal_nan=True)
+            for k in got):
+        problems.append("arrays")
+    if problems:
+        raise ValueError(f"{run_dir}: the compact record differs in {', '.join(problems)}")
+
+
+def compact(folder: Path, out: Path, spec: Keep) -> int:
+    """Adds the records of every finished run under ``folder`` to ``out`` (a new file's base config: the runs'
+    common values), checks them, and returns their number."""
+    found = {s.parent.relative_to(folder).as_posix(): s.parent for s in sorted(folder.glob("**/summary.json"))}
+    with record_files.locked(out):
+        base, kept = record_files.read_with_base(out, cached=False)
+        kept |= {name: Record.from_run_dir(run_dir, name, spec) for name, run_dir in found.items()}
+        record_files.write(out, kept, base if out.is_file() else None)
+    kept = record_files.read(out)
+    for name, run_dir in found.items():
+        check(kept[name], run_dir, spec)
+    return len(found)
+
+
+def merge(other: Path, out: Path) -> int:
+    """Adds the records of ``other`` that ``out`` lacks to ``out``; returns their number."""
+    theirs = record_files.read(other)
+    with record_files.locked(out):
+        base, ours = record_files.read_with_base(out, cached=False)
+        new = {name: r for name, r in theirs.items() if name not in ours}
+        if new:
+            record_files.write(out, ours | new, base if out.is_file() else None)
+    return len(new)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folders", nargs="+", type=Path, help="folders of runs (default: every family under "
+                        "benchmarks/results/runs); a folder's name is its family's")
+    parser.add_argument("--delete", action="store_true", help="delete each folder once its records are checked")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
+                        help="record files to merge into the repository's of the same name (and nothing else)")
+    args = parser.parse_args()
+    if args.merge:
+        for other in args.merge:
+            out = RECORDS / other.name
+            print(f"{other}: {merge(other, out)} runs added to {out}")
+        return
+    folders = args.folders or (sorted(p for p in OLD.iterdir() if p.is_dir()) if OLD.is_dir() else [])
+    for folder in folders:
+        out = RECORDS / f"{folder.name}{SUFFIX}"
+        count = compact(folder, out, spec_of(folder.name))
+        print(f"{folder}: {count} runs -> {out} ({out.stat().st_size / 1e6:.2f} MB)")
+        if args.delete:
+            shutil.rmtree(folder)
+    if args.delete and OLD.is_dir() and not any(OLD.iterdir()):
+        OLD.rmdir()
+
+
+if __name__ == "__main__":
+    main()
