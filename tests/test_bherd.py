@@ -145,7 +145,8 @@ def test_selection_runs_inside_the_jitted_round_without_host_callbacks(tiny_data
 def test_grab_balancing_equals_numpy_alg4_and_its_fraction_is_a_fraction(tiny_data, tiny_classifier):
     rng = np.random.default_rng(2)
     u = rng.normal(size=(10, 5)).astype(np.float32)
-    carry = {"m": jnp.zeros(5), "s": jnp.zeros(5), "g": jnp.zeros(5), "count": jnp.int32(0)}
+    carry = {"m": jnp.zeros(5), "s": jnp.zeros(5), "g": jnp.zeros(5), "count": jnp.int32(0),
+             "count_seen": jnp.int32(0)}
     for step in u:
         carry = balance_step(carry, jnp.asarray(step), jnp.float32(10))
     m, s, g, count = np.zeros(5), np.zeros(5), np.zeros(5), 0
@@ -160,6 +161,32 @@ def test_grab_balancing_equals_numpy_alg4_and_its_fraction_is_a_fraction(tiny_da
     assert int(carry["count"]) == count
     _, metrics = _run(_method(tiny_classifier, online_balancing(PAPER)), tiny_data, tiny_classifier)
     assert 0.0 < float(metrics["grab_selected_fraction"][-1]) <= 1.0
+
+
+def _selected_fraction(steps, centering):
+    carry = {k: jnp.zeros(steps.shape[1]) for k in ("m", "s", "g")}
+    carry.update(count=jnp.int32(0), count_seen=jnp.int32(0))
+    for step in steps:
+        carry = balance_step(carry, jnp.asarray(step), jnp.float32(len(steps)), centering)
+    return int(carry["count"]) / len(steps), np.asarray(carry["m"])
+
+
+def test_grab_running_mean_centering_balances_the_steps_less_their_running_mean():
+    # The variant centres each step on the mean of the steps so far (Alg. 4 centres it on a partial sum over tau):
+    # the same balance, a different c; checked against a NumPy loop.
+    rng = np.random.default_rng(3)
+    steps = rng.normal(size=(12, 6)).astype(np.float32) + 1.0
+    fraction, m = _selected_fraction(steps, "running_mean")
+    mean, s, count = np.zeros(6), np.zeros(6), 0
+    for j, z in enumerate(steps, 1):
+        mean = mean + (z - mean) / j
+        c = z - mean
+        if s @ c < 0:
+            s, count = s + c, count + 1
+        else:
+            s = s - c
+    np.testing.assert_allclose(m, steps.mean(0), rtol=1e-5)
+    assert fraction == count / len(steps)
 
 
 def test_fixed_batch_order_repeats_across_rounds_and_reshuffling_does_not(tiny_data, tiny_classifier):

@@ -26,18 +26,26 @@ from fedjax_lab.engine.tree_math import tree_add, tree_scale, tree_sub, tree_vdo
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
-def balance_step(carry: dict, update, num_steps: jax.Array) -> dict:
-    """One step of Alg. 4's balancing: ``carry`` holds ``m``, ``s``, ``g`` and the count of selected steps."""
-    m = tree_add(carry["m"], tree_scale(update, 1.0 / num_steps))
+def balance_step(carry: dict, update, num_steps: jax.Array, centering: str = "partial_sum") -> dict:
+    """One step of Alg. 4's balancing: ``carry`` holds ``m``, ``s``, ``g`` and the count of selected steps.
+
+    ``centering``: ``partial_sum`` is Alg. 4 as written, ``m <- m + u / tau_k`` (a running sum over ``tau_k``, which
+    lags the steps' mean by the fraction of the round not yet run); ``running_mean`` is the mean of the steps so
+    far, ``m <- m + (u - m) / j`` at the ``j``-th step (what GraB's balancing assumes: centred vectors)."""
+    if centering == "running_mean":
+        j = (carry["count_seen"] + 1).astype(jnp.float32)
+        m = tree_add(carry["m"], tree_scale(tree_sub(update, carry["m"]), 1.0 / j))
+    else:
+        m = tree_add(carry["m"], tree_scale(update, 1.0 / num_steps))
     c = tree_sub(update, m)
     take = tree_vdot(carry["s"], c) < 0  # ||s + c|| < ||s - c||
     sign = jnp.where(take, 1.0, -1.0)
     return {"m": m, "s": tree_add(carry["s"], tree_scale(c, sign)),
             "g": tree_add(carry["g"], tree_scale(update, take.astype(jnp.float32))),
-            "count": carry["count"] + take.astype(jnp.int32)}
+            "count": carry["count"] + take.astype(jnp.int32), "count_seen": carry["count_seen"] + 1}
 
 
-def online_balancing(schedule: LocalSchedule) -> Component:
+def online_balancing(schedule: LocalSchedule, centering: str = "partial_sum") -> Component:
     """GraB-FedAvg's change to the round (see the module docstring); ``schedule`` gives each client's ``tau_k``."""
 
     def running(view: ClientView):
@@ -45,9 +53,10 @@ def online_balancing(schedule: LocalSchedule) -> Component:
 
         def init():
             zeros = tree_zeros_like(split_variables(view.global_variables)[0])
-            return {"m": zeros, "s": zeros, "g": zeros, "count": jnp.zeros((), jnp.int32)}
+            return {"m": zeros, "s": zeros, "g": zeros, "count": jnp.zeros((), jnp.int32),
+                    "count_seen": jnp.zeros((), jnp.int32)}
 
-        return init, lambda carry, record: balance_step(carry, record.update, num_steps)
+        return init, lambda carry, record: balance_step(carry, record.update, num_steps, centering)
 
     def send(view: ClientView, result: LocalResult):
         carry = result.stats.running["grab"]
@@ -68,4 +77,4 @@ def online_balancing(schedule: LocalSchedule) -> Component:
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: grab`` (or of a ``grab`` plug-in); see ``methods/registry.py``."""
-    return (online_balancing(context.schedule),)
+    return (online_balancing(context.schedule, config.centering),)

@@ -380,6 +380,9 @@ class GraBConfig(AlgorithmFields):
     """GraB-FedAvg (BHerd's Alg. 4): online balancing of the local steps, no storage."""
 
     name: Literal["grab"] = method_name("grab")
+    centering: Literal["partial_sum", "running_mean"] = Field(
+        "partial_sum", description="the vector balanced is u - m: m Alg. 4's partial sum over tau_k (as written), "
+                                   "or the running mean of the steps so far")
 
 
 @register(builder="fedjax_lab.methods.fedft:build", plugin=True, needs_server_data=True)
