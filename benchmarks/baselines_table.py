@@ -100,8 +100,8 @@ def write_table(results, args) -> None:
         for alpha in args.alphas:
             finals = [results[(alpha, method, s)][0]["final"]["test_accuracy"] for s in args.seeds]
             bests = [results[(alpha, method, s)][0]["best_test_accuracy"] for s in args.seeds]
-            cells += [f"{100 * np.mean(finals):.1f} ± {100 * np.std(finals):.1f}",
-                      f"{100 * np.mean(bests):.1f} ± {100 * np.std(bests):.1f}"]
+            cells += [f"{100 * np.mean(finals):.1f} ± {100 * np.std(finals, ddof=1):.1f}",
+                      f"{100 * np.mean(bests):.1f} ± {100 * np.std(bests, ddof=1):.1f}"]
         lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
     text = (f"Test accuracy (%) after {args.rounds} rounds, mean ± std over seeds {args.seeds}; "
             "`python benchmarks/baselines_table.py " + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"

@@ -146,7 +146,7 @@ def finished(runs: Path, jobs) -> dict:
 
 
 def mean_std(values) -> str:
-    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}" if values else "–"
+    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values, ddof=1):.1f}" if values else "–"
 
 
 def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str],

@@ -19,6 +19,9 @@ of a run directory on disk.
 
 A report never silently loses a cell: ``write_report`` writes a table that would leave a filled cell of the
 committed one empty (regenerated before that cell's run was rerun, say) beside it, as ``*.new.md``.
+
+A report's claims (``Claim``, ``judge``, ``claims_table``) are each judged by the paired difference over the seeds
+both arms ran and its 95 % interval (``fedjax_lab/experiments/statistics.py``): held, not held or unresolved.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import re
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,6 +42,7 @@ import records as record_files
 from records import Keep, Record
 
 from fedjax_lab.experiments import Config, run_experiment
+from fedjax_lab.experiments.statistics import describe, paired_difference, verdict
 
 RECORDS = Path(__file__).resolve().parent / "results" / "records"
 SUFFIX = ".jsonl.gz"
@@ -244,15 +249,74 @@ def datasets_on_disk(runs: Run, known) -> list[str]:
     return [d for d in known if has_runs(runs / d)]
 
 
-def mean_std(values: list[float], sep: str = "±", of: int | None = None) -> str:
+def mean_std(values: list[float], sep: str = "±", of: int | None = None, ddof: int = 1) -> str:
     """A table cell: ``mean±std`` over seeds, the value and "(1 seed)" for one, "-" for none; with ``of`` (the
-    seeds the table is over), a cell over fewer says how many: "(2 seeds)"."""
+    seeds the table is over), a cell over fewer says how many: "(2 seeds)". The spread is the sample standard
+    deviation (``ddof=1``), the project's standard."""
     if not values:
         return "-"
     if len(values) == 1:
         return f"{values[0]:.1f} (1 seed)"
     fewer = f" ({len(values)} seeds)" if of is not None and len(values) < of else ""
-    return f"{np.mean(values):.1f}{sep}{np.std(values):.1f}{fewer}"
+    return f"{np.mean(values):.1f}{sep}{np.std(values, ddof=ddof):.1f}{fewer}"
+
+
+# --------------------------------------------------------------------------------- claims
+CLAIMS_HEADER = [("| claim | paper's gain (points) | ours: mean paired difference [95 % interval] (points) | "
+                  "seeds | verdict |"), "|---|---|---|---|---|"]
+CLAIMS_RULE = (
+    "Each claim \"A beats B\" is judged by the paired difference A - B over the seeds both arms ran (the same seed "
+    "for both), in points: its mean and 95 % Student-t interval, from the sample standard deviation (ddof 1) of the "
+    "differences (`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; "
+    "**not held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
+    "paper's gain, or fewer than 2 seeds pair (\"unresolved (n seeds)\"). The paper's gain is the difference of "
+    "its two means.")
+
+
+@dataclass
+class Claim:
+    """One claim "``method`` beats ``base``": the paper's gain and our values by seed, in points."""
+
+    text: str
+    paper_gain: float
+    method: dict[int, float]
+    base: dict[int, float]
+    digits: int = 2  # of the paper's gain, as the paper prints its numbers
+    paper_note: str = ""  # after the paper's gain, e.g. "(CIFAR-10)" where it comes from another setting
+
+
+def judge(claim: Claim) -> tuple[str, list[int], str]:
+    """(our mean paired difference and interval, the seeds that pair, the verdict) of ``claim``. A seed whose run
+    diverged in either arm (its value NaN) pairs nothing: a model at chance after a NaN says nothing of the gain;
+    the verdict names those seeds."""
+    both = sorted(set(claim.method) & set(claim.base))
+    seeds = [s for s in both if np.isfinite(claim.method[s]) and np.isfinite(claim.base[s])]
+    diverged = [s for s in both if s not in seeds]
+    note = f"; seed{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} diverged" if diverged else ""
+    if len(seeds) < 2:
+        ours = "-" if not seeds else f"{claim.method[seeds[0]] - claim.base[seeds[0]]:+.1f} (one seed)"
+        return ours, seeds or diverged, f"unresolved ({len(seeds)} seed{'' if len(seeds) == 1 else 's'}{note})"
+    difference = paired_difference([claim.method[s] for s in seeds], [claim.base[s] for s in seeds])
+    return describe(difference, scale=1.0), seeds, verdict(difference, claim.paper_gain) + (
+        f" ({note[2:]})" if note else "")
+
+
+def claims_table(claims: list[Claim]) -> list[str]:
+    """The markdown rows of ``claims`` (``CLAIMS_HEADER``'s columns), with the claims no seed pairs for gathered in a
+    line below the table rather than as rows of '-'."""
+    lines, missing = list(CLAIMS_HEADER), []
+    for claim in claims:
+        ours, seeds, judged = judge(claim)
+        if not seeds:
+            missing.append(claim.text)
+            continue
+        gain = f"{claim.paper_gain:+.{claim.digits}f}" + (f" {claim.paper_note}" if claim.paper_note else "")
+        lines.append(f"| {claim.text} | {gain} | {ours} | {', '.join(map(str, seeds))} | {judged} |")
+    if len(lines) == len(CLAIMS_HEADER):
+        lines = []
+    if missing:
+        lines += ["", "Unresolved (0 seeds), no paired records: " + "; ".join(missing) + "."]
+    return lines
 
 
 def table_cells(text: str) -> dict[tuple[str, str, str], str]:

@@ -22,7 +22,7 @@ def _with(section, **fields):
     (_with("algorithm", name="fedprox", temperature=0.5),
      "algorithm.temperature: fedprox has no field 'temperature' (it is a field of moon, feddf, fedcog, vhl); fedprox's fields:"),
     (_with("algorithm", name="fedprox", mu=0.1, plugins=[{"name": "moon", "rho": 0.1}]),
-     ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedsam); moon's fields: mu, name, "
+     ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedasync, fedsam); moon's fields: mu, name, "
       "temperature")),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedavg"}]),
      "algorithm.plugins.0.name: unknown name 'fedavg'; allowed: 'fedprox'"),

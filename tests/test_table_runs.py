@@ -243,8 +243,8 @@ def test_fedcog_table1_gain_pairs_fedcog_with_fedavg_on_the_same_seed(tmp_path):
 
 
 def test_a_cell_over_fewer_seeds_than_its_table_says_how_many():
-    assert table_runs.mean_std([40.0, 42.0], of=3) == "41.0±1.0 (2 seeds)"
-    assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±1.6"
+    assert table_runs.mean_std([40.0, 42.0], of=3) == "41.0±1.4 (2 seeds)"
+    assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±2.0"
     assert table_runs.mean_std([40.0]) == "40.0 (1 seed)"
 
 
