@@ -97,6 +97,8 @@ VARIANTS = {  # run folder -> (label, overrides): which of its code's choices ca
     "uncapped": ("its code, spreads uncapped", ["algorithm.spread_cap=null"]),
     "global": ("its code, sampling from the broadcast statistics", ["algorithm.source=global"]),
     "half_weight": ("its code, the weight ramping to 0.5 at mid-run (1 at the end)", ["algorithm.weight=0.5"]),
+    "code_ema": (("its released code's moving-average weight min(1, D / 5000), D the feature size: the last "
+                  "batch replaces each class's estimate"), ["algorithm.moving_average=feature_size"]),
 }
 NORMALISED = ["model.name=resnet8", "algorithm.split=layer2", "eval.split=layer2"]  # BatchNorm before the split
 SPLITS = {"conv1": "after conv1", "conv2": "after conv2 (default)", "fc1": "after fc1", "fc2": "after fc2 (features)"}
@@ -139,9 +141,10 @@ def counterfactual_jobs(dataset: str, seeds):
             yield f"{dataset}/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", COUNTERFACTUAL, *overrides]
 
 
-def variant_jobs(dataset: str, seeds):
+def variant_jobs(dataset: str, seeds, variants=tuple(VARIANTS)):
     for seed in seeds:
-        for variant, (_, overrides) in VARIANTS.items():
+        for variant in variants:
+            overrides = VARIANTS[variant][1]
             yield f"{dataset}/variants/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", *overrides]
 
 
@@ -359,6 +362,8 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["a0.1_E1_M10"], choices=[*SETTINGS, "all"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="--part variants: which of its code's choices to run")
     parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "variants", "resnet8", "counterfactual"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedimpro"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedimpro_tables.md"))
@@ -378,7 +383,7 @@ def main() -> None:
                 todo += list(counterfactual_jobs(dataset, args.seeds))
         if "variants" in args.part:
             for dataset in args.datasets:
-                todo += list(variant_jobs(dataset, args.seeds))
+                todo += list(variant_jobs(dataset, args.seeds, args.variants))
         if "resnet8" in args.part:
             for dataset in args.datasets:
                 todo += list(normalised_jobs(dataset, args.seeds))

@@ -54,6 +54,18 @@ def test_statistics_move_by_the_class_share_of_the_batch_and_spreads_are_capped(
     np.testing.assert_allclose(new.spread[0], 0.1)  # (0.05 + std 1.41) / 2, capped
 
 
+def test_the_codes_moving_average_weight_is_the_feature_size_over_ema_examples_for_every_class():
+    stats = FeatureStats(jnp.zeros((3, 2)), jnp.full((3, 2), 0.05))
+    h = jnp.array([[1.0, 2.0], [3.0, 4.0], [10.0, 10.0], [5.0, 5.0]])
+    y, mask = jnp.array([0, 0, 1, 2]), jnp.array([1.0, 1.0, 1.0, 0.0])
+    new = update_stats(stats, h, y, mask, ema_examples=8.0, spread_cap=None, moving_average="feature_size")
+    np.testing.assert_allclose(new.mean[0], 0.25 * jnp.array([2.0, 3.0]))  # D / 8 = 1/4 whatever n_c
+    np.testing.assert_allclose(new.mean[1], 0.25 * jnp.array([10.0, 10.0]))
+    np.testing.assert_array_equal(new.mean[2], 0.0)  # absent classes stay
+    replaced = update_stats(stats, h, y, mask, ema_examples=2.0, spread_cap=None, moving_average="feature_size")
+    np.testing.assert_allclose(replaced.mean[0], [2.0, 3.0])  # D >= ema_examples: the batch replaces the estimate
+
+
 def _image_classifier():
     return Classifier(SimpleCNN(3), (16, 16, 3))
 

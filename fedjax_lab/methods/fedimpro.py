@@ -26,7 +26,8 @@ Choices on what the paper leaves open (``docs/fedimpro.md`` has all of the diges
 * ``weight_schedule: ramp`` (its code): ``w_r = weight r / ramp_rounds``, unclamped as in its code;
   ``constant``: ``w_r = weight`` (the paper's plain sum).
 * Its code's moving-average weight ``min(1, D / 5000)`` (the feature size, so 1 at the default split: the last
-  batch replaces the estimate) is read as a bug; the intended ``n_c / 5000`` is used.
+  batch replaces the estimate) is read as a bug; the intended ``n_c / 5000`` is used, and ``moving_average:
+  feature_size`` runs the code's.
 * The statistics start as its code's: means ``U[0, 1)``, spreads ``init_spread`` (0.1).
 * The client's features for the statistics are recomputed at the step's parameters on the un-augmented batch (its
   code reads them from the training pass), and the sampled features take their own pass through the upper part
@@ -78,11 +79,16 @@ def batch_class_moments(h: jax.Array, y: jax.Array, mask: jax.Array, num_classes
 
 
 def update_stats(stats: FeatureStats, h: jax.Array, y: jax.Array, mask: jax.Array, ema_examples: float,
-                 spread_cap: float | None) -> FeatureStats:
+                 spread_cap: float | None, moving_average: str = "class_count") -> FeatureStats:
     """Eq. 7: each class present in the batch moves ``min(1, n_c / ema_examples)`` of the way to its batch mean
-    (its spread: to its batch standard deviation, given two rows or more), spreads capped at ``spread_cap``."""
+    (its spread: to its batch standard deviation, given two rows or more), spreads capped at ``spread_cap``.
+    ``moving_average: feature_size`` is its released code's weight, ``min(1, D / ema_examples)`` with ``D`` the
+    feature size, the same for every class."""
     counts, means, spreads = batch_class_moments(h, y, mask, stats.mean.shape[0])
-    alpha = jnp.minimum(1.0, counts / ema_examples)[:, None]
+    if moving_average == "feature_size":
+        alpha = jnp.full((counts.shape[0], 1), jnp.minimum(1.0, h.shape[-1] / ema_examples), means.dtype)
+    else:
+        alpha = jnp.minimum(1.0, counts / ema_examples)[:, None]
     mean = jnp.where(counts[:, None] >= 1, (1 - alpha) * stats.mean + alpha * means, stats.mean)
     spread = jnp.where(counts[:, None] >= 2, (1 - alpha) * stats.spread + alpha * spreads, stats.spread)
     return FeatureStats(mean, spread if spread_cap is None else jnp.minimum(spread, spread_cap))
@@ -129,7 +135,7 @@ def shared_features(classifier: Classifier, num_classes: int, key: jax.Array, ba
                     weight: float | jax.Array = 1.0, weight_schedule: str = "ramp", ramp_rounds: int = 500,
                     labels: str = "balanced", source: str = "local", ema_examples: float = 5000.0,
                     spread_cap: float | None = 0.1, init_spread: float = 0.1, aggregation: str = "uniform",
-                    noise_std: float | jax.Array = 0.0) -> Component:
+                    noise_std: float | jax.Array = 0.0, moving_average: str = "class_count") -> Component:
     """FedImpro's change to the round (see the module docstring); ``key`` draws the initial means."""
     module = classifier.module
     split = split or default_split(module)
@@ -157,7 +163,7 @@ def shared_features(classifier: Classifier, num_classes: int, key: jax.Array, ba
             variables = merge_variables(record.params, model_state, view.global_variables)
             x, mask = classifier.preprocess(record.batch["x"]), record.batch["mask"]
             h = jax.lax.stop_gradient(apply_part(variables, x, "lower", mask)).reshape(x.shape[0], dim)
-            return update_stats(stats, h, record.batch["y"], mask, ema_examples, spread_cap)
+            return update_stats(stats, h, record.batch["y"], mask, ema_examples, spread_cap, moving_average)
 
         return (lambda: view.server.stats), fold
 
@@ -219,4 +225,4 @@ def build(config, context) -> tuple[Component, ...]:
                             jax.random.fold_in(context.key, 0x1A9B0), context.config.client.batch_size, config.split,
                             config.weight, config.weight_schedule, config.ramp_rounds, config.labels, config.source,
                             config.ema_examples, config.spread_cap, config.init_spread, config.aggregation,
-                            config.noise_std),)
+                            config.noise_std, moving_average=config.moving_average),)

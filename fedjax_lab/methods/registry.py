@@ -510,6 +510,10 @@ class FedImproConfig(AlgorithmFields):
                                                                     "code) or the broadcast statistics")
     ema_examples: PositiveFloat = Field(5000.0, description="a class moves n_c / ema_examples of the way to its "
                                                             "batch statistics each step (its code's intent)")
+    moving_average: Literal["class_count", "feature_size"] = Field(
+        "class_count", description="each class's step to its batch statistics: min(1, n_c / ema_examples) (the "
+                                   "intent), or its released code's min(1, D / ema_examples), D the feature size "
+                                   "(1 at the default split: the last batch replaces the estimate)")
     spread_cap: PositiveFloat | None = Field(0.1, description="spreads are capped here (its code: 0.1; null: none)")
     init_spread: PositiveFloat = Field(0.1, description="the initial spreads (the initial means are U[0, 1))")
     aggregation: Literal["uniform", "pooled"] = Field("uniform", description="uniform mean of the cohort's "
