@@ -262,11 +262,18 @@ def mean_std(values: list[float], sep: str = "±", of: int | None = None, ddof: 
 
 
 # --------------------------------------------------------------------------------- claims
-CLAIMS_HEADER = [("| claim | paper's gain (points) | ours: mean paired difference [95 % interval] (points) | "
-                  "seeds | verdict |"), "|---|---|---|---|---|"]
+
+
+def claims_header(unit: str = "points") -> list[str]:
+    """The header rows of a claims table whose differences are in ``unit``."""
+    return [(f"| claim | paper's gain ({unit}) | ours: mean paired difference [95 % interval] ({unit}) | "
+             "seeds | verdict |"), "|---|---|---|---|---|"]
+
+
+CLAIMS_HEADER = claims_header()
 CLAIMS_RULE = (
     "Each claim \"A beats B\" is judged by the paired difference A - B over the seeds both arms ran (the same seed "
-    "for both), in points: its mean and 95 % Student-t interval, from the sample standard deviation (ddof 1) of the "
+    "for both), in points of accuracy (or the unit a table's header names): its mean and 95 % Student-t interval, from the sample standard deviation (ddof 1) of the "
     "differences (`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; "
     "**not held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
     "paper's gain, or fewer than 2 seeds pair (\"unresolved (n seeds)\"). The paper's gain is the difference of "
@@ -283,6 +290,21 @@ class Claim:
     base: dict[int, float]
     digits: int = 2  # of the paper's gain, as the paper prints its numbers
     paper_note: str = ""  # after the paper's gain, e.g. "(CIFAR-10)" where it comes from another setting
+    direction_only: bool = False  # the paper claims a direction ("faster", "higher") and prints no number:
+    # held when the interval lies above 0, not held when it lies below 0 (``paper_gain`` is then 0)
+    our_digits: int = 1  # of our difference and interval (a loss needs more than points of accuracy)
+
+
+@dataclass
+class Decisive:
+    """A paper's decisive experiment, as the summary page (``benchmarks/reproductions.py``) shows it."""
+
+    paper: str  # the method and its paper, e.g. "FedCOG (Fake It Till Make It, Table 1)"
+    page: str  # its claims page, relative to docs/reproductions/
+    experiment: str  # the paper's decisive experiment, at the paper's scale
+    ours: str  # what we ran, with the fraction of the paper's client work
+    claims: list[Claim]
+    unit: str = "points"  # of the claims' differences
 
 
 def judge(claim: Claim) -> tuple[str, list[int], str]:
@@ -294,25 +316,31 @@ def judge(claim: Claim) -> tuple[str, list[int], str]:
     diverged = [s for s in both if s not in seeds]
     note = f"; seed{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} diverged" if diverged else ""
     if len(seeds) < 2:
-        ours = "-" if not seeds else f"{claim.method[seeds[0]] - claim.base[seeds[0]]:+.1f} (one seed)"
+        ours = "-" if not seeds else f"{claim.method[seeds[0]] - claim.base[seeds[0]]:+.{claim.our_digits}f} (one seed)"
         return ours, seeds or diverged, f"unresolved ({len(seeds)} seed{'' if len(seeds) == 1 else 's'}{note})"
     difference = paired_difference([claim.method[s] for s in seeds], [claim.base[s] for s in seeds])
-    return describe(difference, scale=1.0), seeds, verdict(difference, claim.paper_gain) + (
+    return describe(difference, digits=claim.our_digits, scale=1.0), seeds, verdict(difference, claim.paper_gain) + (
         f" ({note[2:]})" if note else "")
 
 
-def claims_table(claims: list[Claim]) -> list[str]:
-    """The markdown rows of ``claims`` (``CLAIMS_HEADER``'s columns), with the claims no seed pairs for gathered in a
-    line below the table rather than as rows of '-'."""
-    lines, missing = list(CLAIMS_HEADER), []
+def paper_gain_cell(claim: Claim) -> str:
+    """The paper's gain as a claims table shows it: its number, or "a gain, no number" for a claim of direction."""
+    gain = "a gain, no number" if claim.direction_only else f"{claim.paper_gain:+.{claim.digits}f}"
+    return gain + (f" {claim.paper_note}" if claim.paper_note else "")
+
+
+def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
+    """The markdown rows of ``claims`` (``claims_header``'s columns, differences in ``unit``), with the claims no
+    seed pairs for gathered in a line below the table rather than as rows of '-'."""
+    header = claims_header(unit)
+    lines, missing = list(header), []
     for claim in claims:
         ours, seeds, judged = judge(claim)
         if not seeds:
             missing.append(claim.text)
             continue
-        gain = f"{claim.paper_gain:+.{claim.digits}f}" + (f" {claim.paper_note}" if claim.paper_note else "")
-        lines.append(f"| {claim.text} | {gain} | {ours} | {', '.join(map(str, seeds))} | {judged} |")
-    if len(lines) == len(CLAIMS_HEADER):
+        lines.append(f"| {claim.text} | {paper_gain_cell(claim)} | {ours} | {', '.join(map(str, seeds))} | {judged} |")
+    if len(lines) == len(header):
         lines = []
     if missing:
         lines += ["", "Unresolved (0 seeds), no paired records: " + "; ".join(missing) + "."]

@@ -79,3 +79,76 @@ def test_the_claims_pages_of_feddle_and_fedimpro_are_written_from_no_runs(tmp_pa
     out = tmp_path / "claims.md"
     script.claims(tmp_path, [], [0, 1, 2], out)
     assert out.read_text().startswith("# Fed")
+
+
+def test_a_claim_of_direction_only_is_held_or_not_by_the_side_of_zero_its_interval_lies_on():
+    # BHerd's paper prints no number: "faster" is held above 0, not held below 0, unresolved across it.
+    above = Claim("A below B", 0.0, {0: 0.3, 1: 0.31, 2: 0.29}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True,
+                  our_digits=2)
+    assert judge(above) == ("+0.30 [+0.28, +0.32]", [0, 1, 2], "held")
+    below = Claim("A below B", 0.0, {0: -0.3, 1: -0.31, 2: -0.29}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True)
+    assert judge(below)[2] == "not held"
+    across = Claim("A below B", 0.0, {0: -0.3, 1: 0.31, 2: 0.0}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True)
+    assert judge(across)[2] == "unresolved"
+    lines = claims_table([above], unit="objective")
+    assert lines[0].startswith("| claim | paper's gain (objective) | ours: mean paired difference [95 % interval] "
+                               "(objective) |")
+    assert lines[2] == "| A below B | a gain, no number | +0.30 [+0.28, +0.32] | 0, 1, 2 | held |"
+
+
+def fake_curve(run_dir: Path, rows: list[dict]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "summary.json").write_text(json.dumps({"best_test_accuracy": max(r["test_accuracy"] for r in rows),
+                                                      "final": rows[-1]}))
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+
+
+def test_bherds_claims_pair_the_training_objective_at_round_10_and_the_final_accuracy(tmp_path):
+    import bherd_table
+
+    losses = {"fedavg": (0.40, 0.42, 0.41), "bherd": (0.35, 0.36, 0.38)}  # FedAvg minus BHerd: 0.05, 0.06, 0.03
+    accuracy = {"fedavg": (0.80, 0.81, 0.82), "bherd": (0.79, 0.83, 0.82)}  # BHerd minus FedAvg: -1, +2, 0 points
+    for method in losses:
+        for seed in range(3):
+            fake_curve(tmp_path / f"svm/case3/{method}/seed{seed}",
+                       [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 1.0},
+                        {"round": 10, "test_accuracy": 0.5, "full_train_loss": losses[method][seed]},
+                        {"round": 500, "test_accuracy": accuracy[method][seed], "full_train_loss": 0.3}])
+    text = bherd_table.claims(tmp_path, [0, 1, 2], tmp_path / "bherd_claims.md").read_text()
+    # mean 0.0467, sample std 0.0153, half-width t_{0.975, 2} 0.0153 / sqrt(3) = 0.0379
+    assert ("| BHerd-FedAvg (alpha 0.5) lower than FedAvg (RR) at round 10, case 3 | a gain, no number | "
+            "+0.0467 [+0.0087, +0.0846] | 0, 1, 2 | held |") in text
+    # mean 0.33, sample std 1.53, half-width 3.79
+    assert ("| BHerd-FedAvg (alpha 0.5) ends above FedAvg (RR), case 3 | a gain, no number | +0.33 [-3.46, +4.13] | "
+            "0, 1, 2 | unresolved |") in text
+    assert "case 1 |" not in text  # no runs of case 1: listed below the tables as unpaired
+    summary = bherd_table.decisive(tmp_path)
+    assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
+
+
+def test_fedwalks_claims_pair_x_plus_fedwalk_with_x_by_seed():
+    import fedwalk_table
+
+    results = {f"table/dir0.1/{method}/seed{s}": {"summary": {"best_test_accuracy": acc}}
+               for method, accs in (("fedavg", (0.30, 0.32, 0.31)), ("fedavg+fedwalk", (0.31, 0.34, 0.32)))
+               for s, acc in enumerate(accs)}
+    claims = fedwalk_table.table2_claims(results, [0, 1, 2], "cifar10")
+    fedavg = next(c for c in claims if c.text == "fedavg + FedWalk beats fedavg, Dir(0.1)")
+    assert fedavg.paper_gain == pytest.approx(91.45 - 88.06)
+    # differences 1, 2, 1 points: mean 1.33, sample std 0.577, half-width 1.43
+    assert judge(fedavg) == ("+1.3 [-0.1, +2.8]", [0, 1, 2], "not held")  # the paper's +3.39 lies above
+    assert all(not c.method for c in claims if c is not fedavg)
+
+
+def test_the_summary_page_counts_each_papers_verdicts():
+    import reproductions
+    from table_runs import Decisive
+
+    held = Claim("A beats B", 5.0, {0: 2.0, 1: 2.1, 2: 1.9}, {0: 0.0, 1: 0.0, 2: 0.0})
+    not_held = Claim("A beats C", 5.0, {0: 0.0, 1: 0.1, 2: -0.1}, {0: 0.0, 1: 0.0, 2: 0.0})
+    lonely = Claim("A beats D", 5.0, {0: 1.0}, {0: 0.0})
+    lines = reproductions.summary_lines([Decisive("A (its paper)", "a_claims.md", "theirs", "ours, 5 %",
+                                                  [held, not_held, lonely])])
+    assert "| A (its paper) | theirs | ours, 5 % | 1 | 1 | 1 | [a_claims.md](a_claims.md) |" in lines
+    assert "| A beats B | +5.00 | +2.0 [+1.8, +2.2] | 0, 1, 2 | held |" in lines
