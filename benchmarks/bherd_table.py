@@ -347,10 +347,11 @@ def fig2a_claims(runs, seeds, part: str) -> tuple[list[Claim], list[Claim]]:
             [higher_accuracy(runs, part, case, seeds, "bherd", "fedavg") for case in cases])
 
 
-def decisive(runs: Path = REPO / "runs" / "bherd", seeds=(0, 1, 2)) -> Decisive:
+def decisive(records=None, seeds=(0, 1, 2)) -> Decisive:
     """Fig. 2a's "BHerd-FedAvg converges clearly faster than FedAvg": the SVM at the paper's scale, and the CNN on a
-    tenth of MNIST where those runs have records."""
-    records = collect(runs, KEEP)
+    tenth of MNIST where those runs have records. ``records``: as ``collect`` returns them, or a folder of run
+    directories (default: the committed records, with any finished run under ``runs/bherd`` added)."""
+    records = collect(REPO / "runs" / "bherd", KEEP) if records is None else records
     found = [dataclasses.replace(c, text=f"{model}: {c.text}")
              for part, model in (("svm", "SVM"), ("cnn10", "CNN")) if has_runs(records / part)
              for c in fig2a_claims(records, seeds, part)[0]]

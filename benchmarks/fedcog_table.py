@@ -297,9 +297,10 @@ def claims(runs: Path, weighting: Path, datasets, seeds, out: Path) -> None:
     print(f"wrote {written}")
 
 
-def decisive(runs: Path = REPO / "runs" / "fedcog") -> Decisive:
-    """Table 1's "FedCOG improves on FedAvg" in every dataset and split that has records, for the summary page."""
-    records = collect(runs, KEEP)
+def decisive(records=None) -> Decisive:
+    """Table 1's "FedCOG improves on FedAvg" in every dataset and split that has records, for the summary page.
+    ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records)."""
+    records = collect(REPO / "runs" / "fedcog", KEEP) if records is None else records
     seeds = seeds_on_disk(records, [0, 1, 2])
     found = [Claim(f"FedCOG beats FedAvg, {LABELS[dataset]} {LABELS[niid]}",
                    paper_mean("fedcog", DATASET_COLUMN[dataset] + k) - paper_mean("fedavg", DATASET_COLUMN[dataset] + k),

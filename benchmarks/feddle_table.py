@@ -388,9 +388,10 @@ def scores(runs: Path, dataset: str, alpha: float, sigma: int, method: str, seed
 ASYNCHRONOUS = ("fedavg", "fedasync", "fedbuff", "ca2fl")  # the baselines that see only the clients' updates
 
 
-def decisive(runs: Path = REPO / "runs" / "feddle") -> Decisive:
-    """Table 5 on CIFAR-10: Feddle-ID and Feddle-OOD against the asynchronous baselines, in each column."""
-    records = collect(runs, KEEP)
+def decisive(records=None) -> Decisive:
+    """Table 5 on CIFAR-10: Feddle-ID and Feddle-OOD against the asynchronous baselines, in each column.
+    ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records)."""
+    records = collect(REPO / "runs" / "feddle", KEEP) if records is None else records
     seeds = seeds_on_disk(records / "cifar10", [0, 1, 2])
     found = []
     for method in ("feddle_id", "feddle_ood"):

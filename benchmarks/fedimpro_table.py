@@ -324,9 +324,10 @@ def counterfactual_report(runs: Path, dataset: str, seeds, out: Path, plt) -> li
     return [*lines, "", f"![counterfactual dissimilarity, {dataset}]({figure})", ""]
 
 
-def decisive(runs: Path = REPO / "runs" / "fedimpro") -> Decisive:
-    """Table 1's main setting (a = 0.1, E = 1, M = 10) on CIFAR-10: FedImpro beats each base."""
-    records = collect(runs, KEEP)
+def decisive(records=None) -> Decisive:
+    """Table 1's main setting (a = 0.1, E = 1, M = 10) on CIFAR-10: FedImpro beats each base. ``records``: as
+    ``collect`` returns them, or a folder of run directories (default: the committed records)."""
+    records = collect(REPO / "runs" / "fedimpro", KEEP) if records is None else records
     setting, paper = "a0.1_E1_M10", PAPER["cifar10"]["a0.1_E1_M10"]
     seeds = seeds_on_disk(records / "cifar10" / setting, [0, 1, 2])
     fedimpro = best_by_seed(records, f"cifar10/{setting}/fedimpro", seeds)

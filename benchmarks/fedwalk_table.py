@@ -281,11 +281,11 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
     return write_markdown(out, "\n".join(lines) + "\n")
 
 
-def decisive(runs: Path = REPO / "runs" / "fedwalk", seeds=(0, 1, 2)) -> Decisive:
+def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
     """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds where those runs
-    have records, else at 50."""
-    everything = list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES))
-    results = finished(runs, everything)
+    have records, else at 50. ``results`` as ``finished`` gives them (default: from the committed records)."""
+    if results is None:
+        results = finished(REPO / "runs" / "fedwalk", list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES)))
     long = any(k.startswith("table300/") for k in results)
     rounds = PAPER_ROUNDS if long else 50
     return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
