@@ -44,7 +44,9 @@ from table_runs import (
     evaluations,
     finished,
     has_runs,
+    plot_bands,
     run_once,
+    seed_curves,
     sizes,
     write_report,
 )
@@ -396,7 +398,20 @@ def claims(runs, seeds, out: Path) -> Path:
                          direction_only=True, our_digits=4) for case in (1, 2, 3)]
         lines += ["## Fig. 3a (SVM), \"lowering alpha from 1.0 to 0.3 speeds up convergence\"", "",
                   *claims_table(lowered, unit="objective"), ""]
+    if plot_decisive_curves(runs, seeds, out.with_name("bherd_curves.png")):
+        lines += ["## The decisive curves", "", "![BHerd-FedAvg and FedAvg](bherd_curves.png)", "",
+                  ("Fig. 2a: the training objective on all training rows against rounds (log scale), mean over seeds "
+                   f"{', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."), ""]
     return write_report(out, "\n".join(lines) + "\n")
+
+
+def plot_decisive_curves(runs, seeds, out: Path) -> bool:
+    """Fig. 2a's decisive comparison: FedAvg (RR), BHerd-FedAvg and its reshuffled variant, the training objective
+    per case of the SVM and of the CNN on a tenth of MNIST, with bands over seeds."""
+    panels = [(f"{'SVM' if part == 'svm' else 'CNN, 10 % of MNIST'}, case {case}",
+               [(label(m), seed_curves(runs / f"{part}/case{case}/{m}", seeds)) for m in ("fedavg", "bherd", "bherd_rr")])
+              for part in ("svm", "cnn10") for case in next(s[2] for s in SECTIONS if s[0] == part)]
+    return plot_bands(panels, out, key="full_train_loss", scale=1.0, ylabel="training objective", log=True)
 
 
 def report(runs: Path, seeds, out_dir: Path) -> Path:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 from records import Keep
 from table_runs import (
     CLAIMS_RULE,
@@ -42,7 +41,9 @@ from table_runs import (
     evaluations,
     has_runs,
     mean_std,
+    plot_bands,
     run_once,
+    seed_curves,
     seeds_on_disk,
     summary,
     write_report,
@@ -315,42 +316,9 @@ def decisive(records=None) -> Decisive:
 def plot_decisive_curves(runs: Path, datasets, seeds, out: Path) -> bool:
     """Table 1's decisive comparison as curves: FedAvg, FedCOG and its size weighting, one panel per dataset and
     split, the mean over seeds with a band of one sample standard deviation. Returns whether anything was drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(d, n) for d in datasets for n in NIID if has_runs(runs / d / n, "fedcog/*")]
-    if not panels:
-        return False
-    columns = min(len(panels), 3)
-    rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (dataset, niid) in zip(axes.flat, panels):
-        for method, label in (("fedavg", "FedAvg"), ("fedcog", "FedCOG"), ("fedcog_size", "FedCOG, size weighting")):
-            curves = [rows for s in seeds if (rows := evaluations(runs / f"{dataset}/{niid}/{method}/seed{s}"))]
-            if not curves:
-                continue
-            length = min(len(c) for c in curves)
-            rounds = [row["round"] for row in curves[0][:length]]
-            accuracy = np.array([[100 * row["test_accuracy"] for row in c[:length]] for c in curves])
-            mean = accuracy.mean(0)
-            spread = accuracy.std(0, ddof=1) if len(curves) > 1 else np.zeros(length)
-            (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(curves)})")
-            ax.fill_between(rounds, mean - spread, mean + spread, color=line.get_color(), alpha=0.2)
-        ax.axvline(START, color="grey", linestyle="--", linewidth=0.8)
-        ax.set_title(f"{LABELS[dataset]} {LABELS[niid]}", fontsize=9)
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("test accuracy (%)")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    methods = (("fedavg", "FedAvg"), ("fedcog", "FedCOG"), ("fedcog_size", "FedCOG, size weighting"))
+    return plot_bands([(f"{LABELS[d]} {LABELS[n]}", [(label, seed_curves(runs / d / n / m, seeds)) for m, label in methods])
+                       for d in datasets for n in NIID if has_runs(runs / d / n, "fedcog/*")], out, mark=START)
 
 
 def main() -> None:

@@ -48,7 +48,9 @@ from table_runs import (
     has_runs,
     mean_std,
     metrics,
+    plot_bands,
     run_once,
+    seed_curves,
     seeds_on_disk,
     write_report,
 )
@@ -388,6 +390,14 @@ def scores(runs: Path, dataset: str, alpha: float, sigma: int, method: str, seed
 ASYNCHRONOUS = ("fedavg", "fedasync", "fedbuff", "ca2fl")  # the baselines that see only the clients' updates
 
 
+def plot_decisive_curves(runs, seeds, out: Path, dataset: str = "cifar10") -> bool:
+    """Table 5's decisive comparison as curves: Feddle-ID and Feddle-OOD against the asynchronous baselines, one
+    panel per column, with bands over seeds. Returns whether anything was drawn."""
+    return plot_bands([(f"{LABELS[dataset]} Dir({a}), N({s})",
+                        [(METHODS[m][0].strip("*"), seed_curves(runs / cell_name(dataset, a, s) / m, seeds))
+                         for m in ("feddle_id", "feddle_ood", *ASYNCHRONOUS)]) for a, s in COLUMNS], out)
+
+
 def decisive(records=None) -> Decisive:
     """Table 5 on CIFAR-10: Feddle-ID and Feddle-OOD against the asynchronous baselines, in each column.
     ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records)."""
@@ -447,6 +457,11 @@ def claims(runs: Path, datasets, seeds, out: Path) -> None:
                                    digits=1, paper_note="(ResNet18, CIFAR-10)"))
         lines += [(f"## Table 3 (ablation), {LABELS[dataset]}, Dir(0.1)/N(20): each component adds accuracy (seed 0; "
                    "the steps where the paper's table shows a gain)"), "", *claims_table(found), ""]
+    figure = out.with_name("feddle_curves.png")
+    if plot_decisive_curves(runs, seeds, figure):
+        lines += ["## The decisive curves", "", "![Feddle against the asynchronous baselines](feddle_curves.png)", "",
+                  (f"CIFAR-10, test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} with a band of "
+                   "one sample standard deviation (ddof 1)."), ""]
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from records import Keep
-from table_runs import CLAIMS_RULE, Claim, Decisive, claims_table, collect, metrics, run_once
+from table_runs import CLAIMS_RULE, Claim, Decisive, claims_table, collect, metrics, plot_bands, run_once
 from table_runs import summary as run_summary
 from table_runs import write_report as write_markdown
 
@@ -278,7 +278,25 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
         claims = table2_claims(results, seeds, table)
         if any(c.method for c in claims):
             lines += [f"## {title}", "", *claims_table(claims), ""]
+    table = "cifar10_300" if any(k.startswith("table300/") for k in results) else "cifar10"
+    if plot_decisive_curves(results, seeds, table, out.with_name("fedwalk_curves.png")):
+        lines += ["## The decisive curves", "", "![X and X + FedWalk](fedwalk_curves.png)", "",
+                  (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, mean over "
+                   f"seeds {', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."), ""]
     return write_markdown(out, "\n".join(lines) + "\n")
+
+
+def plot_decisive_curves(results: dict, seeds, table: str, out: Path) -> bool:
+    """Table 2 as curves: each base and the base + FedWalk, one panel per base and column, with bands over seeds.
+    Returns whether anything was drawn."""
+    _, prefix, settings, _, columns = TABLES[table]
+
+    def curves(name: str) -> list[list[dict]]:
+        return [[r for r in results[k]["rows"] if "test_accuracy" in r] for s in seeds
+                if (k := f"{prefix}/{name}/seed{s}") in results]
+
+    return plot_bands([(f"{base}, {column}", [(m, curves(f"{setting}/{m}")) for m in (base, f"{base}+fedwalk")])
+                       for setting, column in zip(settings, columns) for base in BASES], out)
 
 
 def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:

@@ -32,6 +32,7 @@ import json
 import re
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -388,3 +389,70 @@ def write_report(out: Path, text: str) -> Path:
               "hand or rerun the missing cells", flush=True)
     out.write_text(text)
     return out
+
+
+# --------------------------------------------------------------------------------- figures
+Series = tuple[str, list[list[dict[str, Any]]]]  # a label and, per seed, the evaluated rows of its run
+
+
+def seed_curves(run: Run, seeds) -> list[list[dict[str, Any]]]:
+    """The evaluated rows of each seed's finished run under ``run`` (``run / "seed<k>"``)."""
+    return [rows for s in seeds if (rows := evaluations(run / f"seed{s}"))]
+
+
+def band(curves: list[list[dict[str, Any]]], key: str = "test_accuracy", scale: float = 1.0):
+    """``(rounds, mean, spread, reached)`` of ``scale`` times ``key`` over seeds' curves: every round any seed
+    evaluated, the mean over the seeds that reached it, the sample standard deviation (ddof 1; NaN where fewer
+    than two did) and how many did. A run that diverged stops early; the others go on without it."""
+    rounds = sorted({row["round"] for c in curves for row in c})
+    values = np.full((len(curves), len(rounds)), np.nan)
+    for i, c in enumerate(curves):
+        for row in c:
+            values[i, rounds.index(row["round"])] = scale * row.get(key, np.nan)
+    reached = np.isfinite(values).sum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rounds that one seed or none reached
+        mean = np.nanmean(values, 0)
+        spread = np.where(reached > 1, np.nanstd(values, 0, ddof=1), np.nan)
+    return np.array(rounds), mean, spread, reached
+
+
+def plot_bands(panels: list[tuple[str, list[Series]]], out: Path, *, key: str = "test_accuracy", scale: float = 100.0,
+               ylabel: str = "test accuracy (%)", log: bool = False, mark: float | None = None) -> bool:
+    """Curves a reader takes in at a glance: per panel, each series' mean over seeds against rounds with a band of
+    one sample standard deviation (ddof 1), its seeds counted in the legend; ``mark`` draws a dashed line at that
+    round (where a method starts). Panels or series without runs are left out. Returns whether anything was drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(title, [(label, curves) for label, curves in series if curves]) for title, series in panels]
+    panels = [(title, series) for title, series in panels if series]
+    if not panels:
+        return False
+    columns = min(len(panels), 4)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, series) in zip(axes.flat, panels):
+        for label, curves in series:
+            rounds, mean, spread, reached = band(curves, key, scale)
+            short = f", {len(curves) - reached[-1]} stopped early" if reached[-1] < len(curves) else ""
+            (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(curves)}{short})", linewidth=1.2)
+            ax.fill_between(rounds, mean - spread, mean + spread, color=line.get_color(), alpha=0.2)
+        if mark is not None:
+            ax.axvline(mark, color="grey", linestyle="--", linewidth=0.8)
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -152,3 +153,15 @@ def test_the_summary_page_counts_each_papers_verdicts():
                                                   [held, not_held, lonely])])
     assert "| A (its paper) | theirs | ours, 5 % | 1 | 1 | 1 | [a_claims.md](a_claims.md) |" in lines
     assert "| A beats B | +5.00 | +2.0 [+1.8, +2.2] | 0, 1, 2 | held |" in lines
+
+
+def test_a_band_over_seeds_goes_on_without_a_run_that_stopped_early():
+    curves = [[{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.5}, {"round": 20, "test_accuracy": 0.7}],
+              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.3}],  # diverged after round 10
+              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.4}, {"round": 20, "test_accuracy": 0.8}]]
+    rounds, mean, spread, reached = table_runs.band(curves, scale=100.0)
+    assert rounds.tolist() == [0, 10, 20] and reached.tolist() == [3, 3, 2]
+    np.testing.assert_allclose(mean, [10.0, 40.0, 75.0])
+    np.testing.assert_allclose(spread, [0.0, 10.0, np.sqrt(50.0)])  # ddof 1: ((5^2 + 5^2) / 1) ** 0.5
+    _, _, spread, _ = table_runs.band(curves[:1])
+    assert np.isnan(spread).all()  # one seed: no band
