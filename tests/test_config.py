@@ -16,7 +16,9 @@ def _with(section, **fields):
 
 
 @pytest.mark.parametrize("raw, message", [
-    (_with("algorithm", name="fedsgd"), "algorithm.name: unknown name 'fedsgd'; allowed: 'fedavg', 'fedavgm'"),
+    (_with("algorithm", name="fedprx"),
+     "algorithm.name: unknown name 'fedprx'; did you mean 'fedprox'? allowed: 'fedavg', 'fedavgm'"),
+    (_with("algorithm", name="sgd"), "algorithm.name: unknown name 'sgd'; allowed: 'fedavg', 'fedavgm'"),  # none close
     (_with("client", learning_rate=float("inf")), "client.learning_rate: must be a finite number, got inf"),
     (_with("rounds", num_rounds=True), "rounds.num_rounds: expected a number or a name, got the boolean True"),
     (_with("algorithm", name="fedprox", temperature=0.5),
@@ -25,12 +27,13 @@ def _with(section, **fields):
      ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedasync, fedsam); moon's fields: mu, name, "
       "temperature")),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedavg"}]),
-     "algorithm.plugins.0.name: unknown name 'fedavg'; allowed: 'fedprox'"),
+     "algorithm.plugins.0.name: unknown name 'fedavg'; fedavg is a method but not a plug-in; allowed: 'fedprox'"),
     (_with("algorithm", name="fedprox", plugins=[{"name": "fedprox"}]),
      "algorithm.plugins: each method may appear once, got ['fedprox'] more than once"),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedwalk"}]),
      "algorithm: fedwalk needs data held by the server: set dataset.server_data"),
-    (_with("dataset", name="imagenet"), "dataset.name: unknown name 'imagenet'; allowed: 'synthetic', 'gaussian_mixture'"),
+    (_with("dataset", name="imagenet"),
+     "dataset.name: unknown name 'imagenet'; did you mean 'image_folder'? allowed: 'synthetic', 'gaussian_mixture'"),
     (_with("rounds", clients_per_round=31), "rounds.clients_per_round must be <= dataset.num_clients=30, got 31"),
     (_with("client", learning_rate=0), "client.learning_rate: Input should be greater than 0, got 0"),
     (_with("client", learning_rate=-0.1), "client.learning_rate: Input should be greater than 0, got -0.1"),
@@ -161,3 +164,29 @@ def test_a_run_directory_that_cannot_hold_a_run_is_a_message(tmp_path, capsys, k
     assert main(["run", str(path), "--run-dir", str(target)]) == 2
     err = capsys.readouterr().err
     assert ("is a file" in err or expected in err) and "Traceback" not in err
+
+
+def test_independent_problems_are_reported_together():
+    from fedjax_lab.experiments.config import ConfigError, validate
+
+    raw = _with("client", learnin_rate=0.1)
+    raw.setdefault("rounds", {})["clients_per_round"] = 50  # a problem across sections, independent of the first
+    raw["algorithm"] = {"name": "fedprox", "plugins": [{"name": "fedprox"}]}
+    with pytest.raises(ConfigError) as caught:
+        validate(raw)
+    assert str(caught.value).splitlines()[1:] == [
+        ("  client.learnin_rate: unknown key; did you mean 'learning_rate'? (allowed: batch_order, batch_size, "
+        "drop_remainder, learning_rate, local_epochs, local_steps, momentum, optimizer, schedule, weight_decay)"),
+        "  rounds.clients_per_round must be <= dataset.num_clients=30, got 50",
+        "  algorithm.plugins: each method may appear once, got ['fedprox'] more than once"]
+
+
+def test_a_problem_that_involves_a_wrong_field_is_not_reported_twice():
+    from fedjax_lab.experiments.config import ConfigError, validate
+
+    raw = _with("rounds", clients_per_round="many")  # its default (10) would not fit 5 clients: no made-up problem
+    raw["dataset"]["num_clients"] = 5
+    with pytest.raises(ConfigError) as caught:
+        validate(raw)
+    assert len(str(caught.value).splitlines()) == 2 and "rounds.clients_per_round: Input should be a valid integer" \
+        in str(caught.value)

@@ -32,7 +32,7 @@ def test_non_positive_alpha_fails_validation():
 def test_unknown_dataset_lists_the_image_datasets():
     raw = {"dataset": {"name": "imagenet"}, "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
            "client": {"local_steps": 1}}
-    with pytest.raises(ConfigError, match="dataset.name: unknown name 'imagenet'; allowed: .*'cifar10'"):
+    with pytest.raises(ConfigError, match="dataset.name: unknown name 'imagenet'; .*allowed: .*'cifar10'"):
         validate(raw)
 
 

@@ -6,8 +6,10 @@ an unknown name fails with a message naming the field, the value given and what 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -398,61 +400,67 @@ class Config(Section):
     parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")
-    def _cohort_fits(self):
+    def _consistent(self):
+        """Every check across sections, each problem reported (one message, a line each): the checks are
+        independent of one another."""
+        problems = [*self._cohort_problems(), *self._arrival_problems(), *self._method_problems()]
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    def _cohort_problems(self) -> list[str]:
         population = self.dataset.num_clients
         if self.rounds.clients_per_round > population:
-            raise ValueError(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
-                             f"got {self.rounds.clients_per_round}")
+            return [(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
+                    f"got {self.rounds.clients_per_round}")]
         devices = self.parallel.devices
         if isinstance(devices, int) and devices > 1:
             if self.rounds.clients_per_round % devices:
-                raise ValueError(f"parallel.devices must divide rounds.clients_per_round="
-                                 f"{self.rounds.clients_per_round}, got {devices}")
+                return [(f"parallel.devices must divide rounds.clients_per_round={self.rounds.clients_per_round}, "
+                        f"got {devices}")]
             share = self.rounds.clients_per_round // devices
             if self.rounds.chunk_size is not None and share % self.rounds.chunk_size:
-                raise ValueError(f"rounds.chunk_size must divide each device's share of the cohort ({share} "
-                                 f"clients over {devices} devices), got {self.rounds.chunk_size}")
-        return self
+                return [(f"rounds.chunk_size must divide each device's share of the cohort ({share} clients over "
+                        f"{devices} devices), got {self.rounds.chunk_size}")]
+        return []
 
-    @model_validator(mode="after")
-    def _updates_can_arrive(self):
+    def _arrival_problems(self) -> list[str]:
         a = self.asynchrony
         if a is None or a.delay != "fixed":
-            return self
+            return []
         delay = a.rounds if a.max_delay is None else min(a.rounds, a.max_delay)
         total = self.rounds.num_rounds
         if delay >= total:
-            raise ValueError(f"asynchrony.rounds: a job sent in round r arrives in round r + {delay}, after the last "
-                             f"of rounds.num_rounds={total}, so no update would ever arrive; use a delay < {total}")
+            return [(f"asynchrony.rounds: a job sent in round r arrives in round r + {delay}, after the last of "
+                    f"rounds.num_rounds={total}, so no update would ever arrive; use a delay < {total}")]
         arrivals = self.rounds.clients_per_round * (total - delay)
         buffer = self.algorithm.buffer_size
         if buffer is not None and arrivals < buffer:
-            raise ValueError(f"algorithm.buffer_size: at most {arrivals} updates arrive in {total} rounds with "
-                             f"asynchrony.rounds={delay}, fewer than the {buffer} the server waits for, so it would "
-                             f"never step; use a buffer_size <= {arrivals}")
-        return self
+            return [(f"algorithm.buffer_size: at most {arrivals} updates arrive in {total} rounds with "
+                    f"asynchrony.rounds={delay}, fewer than the {buffer} the server waits for, so it would never "
+                    f"step; use a buffer_size <= {arrivals}")]
+        return []
 
-    @model_validator(mode="after")
-    def _methods_fit(self):
-        a = self.algorithm
+    def _method_problems(self) -> list[str]:
+        a, problems = self.algorithm, []
         names = [a.name] + [p.name for p in a.plugins]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"algorithm.plugins: each method may appear once, got {repeated} more than once")
+            problems.append(f"algorithm.plugins: each method may appear once, got {repeated} more than once")
         if registry.REGISTRY[a.name].reference and a.plugins:
-            raise ValueError(f"algorithm.plugins: the reference run {a.name!r} takes no plug-ins")
+            problems.append(f"algorithm.plugins: the reference run {a.name!r} takes no plug-ins")
         if registry.REGISTRY[a.name].reference and (self.asynchrony is not None or a.buffer_size is not None):
-            raise ValueError(f"asynchrony: the reference run {a.name!r} has no clients to wait for; remove "
-                             "asynchrony and algorithm.buffer_size")
+            problems.append(f"asynchrony: the reference run {a.name!r} has no clients to wait for; remove "
+                            "asynchrony and algorithm.buffer_size")
         if self.asynchrony is not None and self.asynchrony.max_in_flight is not None and \
                 self.asynchrony.max_in_flight < self.rounds.clients_per_round:
-            raise ValueError(f"asynchrony.max_in_flight must be >= rounds.clients_per_round="
-                             f"{self.rounds.clients_per_round}, got {self.asynchrony.max_in_flight}")
-        for name in names:
+            problems.append(f"asynchrony.max_in_flight must be >= rounds.clients_per_round="
+                            f"{self.rounds.clients_per_round}, got {self.asynchrony.max_in_flight}")
+        for name in dict.fromkeys(names):
             if registry.REGISTRY[name].needs_server_data and getattr(self.dataset, "server_data", None) is None:
-                raise ValueError(f"algorithm: {name} needs data held by the server: set dataset.server_data (an "
-                                 "image dataset's data held by the server)")
-        return self
+                problems.append(f"algorithm: {name} needs data held by the server: set dataset.server_data (an "
+                                "image dataset's data held by the server)")
+        return problems
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -518,7 +526,12 @@ def _format_error(error: dict) -> str:
     if kind == "finite_number":
         return f"{path}: must be a finite number, got {error.get('input')!r}"
     if kind == "union_tag_invalid":
-        return f"{path}.name: unknown name {error['ctx']['tag']!r}; allowed: {error['ctx']['expected_tags']}"
+        tag, expected = str(error["ctx"]["tag"]), error["ctx"]["expected_tags"]
+        close = difflib.get_close_matches(tag, re.findall(r"'([^']+)'", expected), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        if tag in registry.REGISTRY and "plugins" in error["loc"]:
+            hint = f"{tag} is a method but not a plug-in; "
+        return f"{path}.name: unknown name {tag!r}; {hint}allowed: {expected}"
     if kind == "union_tag_not_found":
         return f"{path}.name: missing; it selects the kind of {path}"
     if kind == "missing":
@@ -542,12 +555,53 @@ def config_model() -> type[Config]:
 
 
 def validate(raw: dict) -> Config:
-    """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem."""
+    """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem: each
+    field's, and the problems across sections that do not involve a field already wrong."""
     try:
         return config_model().model_validate(raw)
     except pydantic.ValidationError as exc:
         lines = sorted({_format_error(e) for e in exc.errors()})
+        lines += [line for line in _independent_problems(raw, exc.errors()) if line not in lines]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def _independent_problems(raw: dict, errors: list[dict]) -> list[str]:
+    """The checks across sections (``Config._consistent``), which pydantic runs only once every field is valid,
+    run on ``raw`` with the wrong fields (or sections) dropped; a problem that names a dropped field is left out,
+    since it may come from the default that replaced it."""
+    if any(e["type"] in ("missing", "union_tag_invalid", "union_tag_not_found") for e in errors):
+        return []  # a section whose kind is unknown or a required field: nothing to check against
+    repaired, dropped = copy.deepcopy(raw), []
+    for error in errors:
+        loc = [p for p in error["loc"] if not _is_tag(p)]
+        if not loc:
+            return []  # the cross-section checks themselves failed: they are already reported
+        if error["type"] == "value_error" or isinstance(loc[-1], int):
+            loc = loc[:-1] if isinstance(loc[-1], int) else loc  # a section's own check: drop the section
+        if not _drop(repaired, loc):
+            return []
+        dropped.append(".".join(str(p) for p in loc))
+    try:
+        config_model().model_validate(repaired)
+    except pydantic.ValidationError as again:
+        found = [line for e in again.errors() if e["type"] == "value_error" and not e["loc"]
+                 for line in _format_error(e).split("\n  ")]
+        return [line for line in found if not any(d in line for d in dropped)]
+    return []
+
+
+def _drop(raw: Any, loc: list) -> bool:
+    """Deletes ``raw[loc[0]][loc[1]]...`` (dicts and lists); whether it was there."""
+    for part in loc[:-1]:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    try:
+        del raw[loc[-1]]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
 
 
 def apply_override(raw: dict, override: str) -> dict:
