@@ -5,6 +5,7 @@ process: its exit status, what it prints, what it leaves on disk); the other cas
 process, the same code less the interpreter start-up.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -91,8 +92,12 @@ def test_a_signal_stops_after_the_block_writes_everything_and_the_resume_equals_
     assert stopped >= wait_round and stopped < 3000
     if stopped:  # the last block is kept (a signal before the first block stops at round 0)
         assert (run_dir / "checkpoints" / str(stopped)).is_dir()
+    so_far = json.loads((run_dir / "interrupted.json").read_text())  # what ran, beside a plot of it
+    assert so_far["interrupted"] and so_far["rounds"] == stopped and (run_dir / "curves.png").is_file()
+    assert not (run_dir / "summary.json").exists()  # summary.json says a run has finished
     assert main(["run", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
     assert (run_dir / "metrics.jsonl").read_text() == uninterrupted
+    assert (run_dir / "summary.json").exists() and not (run_dir / "interrupted.json").exists()
 
 
 def test_a_second_signal_stops_at_once_and_the_run_resumes_from_its_last_checkpoint(tmp_path, uninterrupted):

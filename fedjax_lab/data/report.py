@@ -54,29 +54,31 @@ def counts_table(counts: np.ndarray, class_names: tuple[str, ...] | None = None,
     return "\n".join([head] + lines) + "\n" + summary
 
 
-def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clients: int = 100) -> None:
-    """Saves a stacked bar chart of per-client class counts (one bar per client, one colour per class)."""
-    import matplotlib
+def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clients: int = 100,
+                class_names: list[str] | None = None) -> None:
+    """Saves a stacked bar chart of per-client class counts (one bar per client, one colour per class, named in
+    the legend as in ``partition.md``)."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    shown = f" (the first {max_clients} of {len(counts)} clients)" if len(counts) > max_clients else ""
     counts = counts[:max_clients]
-    fig, ax = plt.subplots(figsize=(min(max(6, len(counts) * 0.12), 16), 4))
+    k = counts.shape[1]
+    names = list(class_names or [str(i) for i in range(k)])
+    figure = Figure(figsize=(min(max(6, len(counts) * 0.12), 16) + (1.5 if k <= 20 else 0), 4), layout="constrained")
+    ax = figure.subplots()
     bottom = np.zeros(len(counts))
-    colours = plt.get_cmap("tab20" if counts.shape[1] > 10 else "tab10")
-    for k in range(counts.shape[1]):
-        ax.bar(np.arange(len(counts)), counts[:, k], bottom=bottom, width=0.9, color=colours(k % colours.N),
-               label=str(k) if counts.shape[1] <= 20 else None)
-        bottom += counts[:, k]
+    colours = colormaps["tab20" if k > 10 else "tab10"]
+    for c in range(k):
+        ax.bar(np.arange(len(counts)), counts[:, c], bottom=bottom, width=0.9, color=colours(c % colours.N),
+               label=names[c] if k <= 20 else None)
+        bottom += counts[:, c]
     ax.set_xlabel("client")
-    ax.set_ylabel("examples")
-    ax.set_title(title)
-    if counts.shape[1] <= 20:
-        ax.legend(title="class", ncol=2, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_ylabel("training examples")
+    ax.set_title(title + shown, fontsize=10)
+    if k <= 20:
+        ax.legend(title="class", ncol=1 if k <= 10 else 2, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    figure.savefig(path, dpi=110)
 
 
 def write_partition_report(dataset, out_dir: str | Path, meta: dict | None = None) -> str:
@@ -91,5 +93,6 @@ def write_partition_report(dataset, out_dir: str | Path, meta: dict | None = Non
     counts = np.stack([np.bincount(dataset.train["y"][r], minlength=dataset.num_classes) for r in rows])
     table = counts_table(counts, dataset.class_names or None)
     (out_dir / "partition.md").write_text(f"# Partition of {dataset.name}\n\n{table}")
-    plot_counts(counts, out_dir / "partition.png", title=dataset.summary().split(":")[0])
+    plot_counts(counts, out_dir / "partition.png", title=dataset.summary().split(":")[0],
+                class_names=dataset.class_names or None)
     return table

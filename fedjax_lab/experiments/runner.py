@@ -16,7 +16,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine.sharding import to_host
 from fedjax_lab.experiments.build import Experiment, build_experiment, join_processes
 from fedjax_lab.experiments.config import Config, ConfigError, check_resumable, to_yaml
-from fedjax_lab.experiments.plots import plot_runs, plot_staleness
+from fedjax_lab.experiments.plots import describe_run, plot_runs, plot_staleness, run_config
 from fedjax_lab.experiments.run_directory import (
     RunDirectory,
     RunDirectoryError,
@@ -173,11 +173,14 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
                                       stop_request)
     except StopRequested as request:
         bar.close()
+        _leave_what_ran(directory, timings, experiment)
         raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"], request.signum) from None
     except KeyboardInterrupt:
         bar.close()
+        _leave_what_ran(directory, timings, experiment)
         raise RunInterrupted(run_dir, read_metrics(run_dir)[-1]["round"], checkpointed=False) from None
     bar.close()
+    (run_dir / INTERRUPTED).unlink(missing_ok=True)
     summary = {**_summarise(directory, timings, experiment), "diverged": diverged}
     if int(state.round) == total or diverged:
         directory.write_summary(summary)
@@ -249,6 +252,26 @@ def rounds_to_target(evaluated: list[dict[str, Any]], target: float | None) -> i
     if target is None:
         return None
     return next((row["round"] for row in evaluated if row["test_accuracy"] >= target), None)
+
+
+INTERRUPTED = "interrupted.json"
+"""What an interrupted run leaves beside ``curves.png`` of the rounds it ran: the summary so far. It is not
+``summary.json``, which says a run has finished; a resumed run removes it."""
+
+
+def _leave_what_ran(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> None:
+    """After an interruption: the summary of the rounds that ran (``interrupted.json``) and their curves, so the
+    run directory shows what happened. A failure to write them (a full disk) does not hide the interruption."""
+    try:
+        summary = {**_summarise(directory, timings, experiment), "interrupted": True,
+                   "num_rounds": experiment.config.rounds.num_rounds}
+        write_atomically(directory.path / INTERRUPTED, json.dumps(summary, indent=2) + "\n")
+        total = experiment.config.rounds.num_rounds
+        plot_runs([directory.path], directory.path / "curves.png",
+                  title=f"{describe_run(run_config(directory.path))}: interrupted at round {summary['rounds']} of "
+                        f"{total}")
+    except (OSError, ValueError, KeyError):
+        pass
 
 
 def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> dict[str, Any]:

@@ -433,12 +433,12 @@ def _spread(std: float | None) -> str:
 
 
 def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, list[int]]) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fedjax_lab.experiments.plots import describe_run, run_config
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    figure = Figure(figsize=(7.5, 4.4), layout="constrained")
+    ax = figure.subplots()
     for label, idx in settings.items():
         curves = [[(r["round"], r["test_accuracy"]) for r in read_metrics(sweep_dir / members[i].name)
                    if "test_accuracy" in r] for i in idx]
@@ -446,12 +446,13 @@ def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, lis
         rounds = np.array([x for x, _ in curves[0][:length]])
         accuracy = np.array([[y for _, y in c[:length]] for c in curves])
         mean, std = accuracy.mean(0), accuracy.std(0, ddof=1) if len(idx) > 1 else np.zeros(length)
-        (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(idx)})")
-        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        (line,) = ax.plot(rounds, mean, label=f"{label} (mean of {len(idx)} seed{'s' if len(idx) > 1 else ''})")
+        if len(idx) > 1:
+            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2,
+                            label=f"{label}: ± 1 sample std over seeds")
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy (fraction of test examples)")
+    ax.set_title(f"sweep of {describe_run(run_config(sweep_dir / members[0].name))}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(sweep_dir / "curves.png", dpi=110)
-    plt.close(fig)
+    figure.savefig(sweep_dir / "curves.png", dpi=110)
