@@ -61,7 +61,40 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--labels", nargs="*", help="legend labels, one per run directory")
     plot.add_argument("--staleness", action="store_true", help="also plot the asynchronous runs' arrivals and "
                                                               "staleness (OUT_staleness.png)")
+    data = sub.add_parser("data", help="build the offline dataset archives from the official files")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    prepare = data_sub.add_parser("prepare", help="build NAME's archive from its official files, verified by MD5")
+    prepare.add_argument("name", help="mnist, fashion_mnist, cifar10 or cifar100")
+    prepare.add_argument("--from", dest="source", help="a folder holding the official files (or the one file); "
+                                                       "default: download them")
+    prepare.add_argument("--data-dir", help="where the archive goes (default: $FEDJAX_LAB_DATA or ../shared/data); "
+                                            "runs read it with dataset.data_dir=DIR")
+    prepare.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    reference = sub.add_parser("reference", help="print the config fields (configs) or the methods (methods)")
+    reference.add_argument("what", choices=["configs", "methods"])
     return parser
+
+
+def _data(args) -> int:
+    from fedjax_lab.data.files import DataFileError
+    from fedjax_lab.data.prepare import OFFICIAL, prepare
+
+    if args.name not in OFFICIAL:
+        raise ConfigError(f"data prepare: no official files known for {args.name!r}; known: {', '.join(OFFICIAL)}")
+    try:
+        out = prepare(args.name, args.source, args.data_dir, progress=not args.no_progress)
+    except DataFileError as error:
+        raise ConfigError(str(error)) from None
+    where = f" dataset.data_dir={args.data_dir}" if args.data_dir else ""
+    print(f"wrote {out}; runs read it with dataset.name={args.name}{where}")
+    return 0
+
+
+def _reference(args) -> int:
+    from fedjax_lab.experiments.reference import config_reference, methods_reference
+
+    print({"configs": config_reference, "methods": methods_reference}[args.what](), end="")
+    return 0
 
 
 def _run(args) -> int:
@@ -167,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         setattr(args, listed, [*getattr(args, listed), *extra])
     try:
-        return {"run": _run, "sweep": _sweep, "partition": _partition, "plot": _plot}[args.command](args)
+        return {"run": _run, "sweep": _sweep, "partition": _partition, "plot": _plot, "data": _data,
+                "reference": _reference}[args.command](args)
     except ConfigError as error:
         print(f"fedjax-lab: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -34,13 +34,14 @@ class SyntheticDataset(Section):
     """Synthetic(alpha, beta) of the FedProx paper (embedded, generated from a seed)."""
 
     name: Literal["synthetic"]
-    alpha: float = Field(1.0, ge=0)
-    beta: float = Field(1.0, ge=0)
-    iid: bool = False
-    num_clients: PositiveInt = 30
-    dimension: PositiveInt = 60
-    num_classes: int = Field(10, ge=2)
-    train_fraction: float = Field(0.9, gt=0, lt=1)
+    alpha: float = Field(1.0, ge=0, description="how much the clients' models differ (the paper's alpha)")
+    beta: float = Field(1.0, ge=0, description="how much the clients' inputs differ (the paper's beta)")
+    iid: bool = Field(False, description="Synthetic-IID: one model and one input distribution for all clients")
+    num_clients: PositiveInt = Field(30, description="clients (their sizes follow a lognormal, as in the paper)")
+    dimension: PositiveInt = Field(60, description="input features")
+    num_classes: int = Field(10, ge=2, description="classes")
+    train_fraction: float = Field(0.9, gt=0, lt=1, description="each client's rows kept for training; the rest "
+                                                               "are its test rows, pooled for the test set")
     seed: int | None = Field(None, ge=0, description="generator seed; defaults to the run's seed")
 
 
@@ -48,22 +49,25 @@ class GaussianMixtureDataset(Section):
     """A Gaussian-mixture classification task with Dirichlet label skew (embedded)."""
 
     name: Literal["gaussian_mixture"]
-    num_clients: PositiveInt = 100
-    examples_per_client: int = Field(100, ge=2)
-    num_classes: int = Field(10, ge=2)
-    dimension: PositiveInt = 20
-    separation: PositiveFloat = 1.0
-    label_alpha: PositiveFloat | None = 0.5
-    train_fraction: float = Field(0.8, gt=0, lt=1)
-    seed: int | None = Field(None, ge=0)
+    num_clients: PositiveInt = Field(100, description="clients")
+    examples_per_client: int = Field(100, ge=2, description="rows per client")
+    num_classes: int = Field(10, ge=2, description="classes, one Gaussian each")
+    dimension: PositiveInt = Field(20, description="input features")
+    separation: PositiveFloat = Field(1.0, description="distance scale between the class means")
+    label_alpha: PositiveFloat | None = Field(0.5, description="Dirichlet concentration of each client's class mix; "
+                                                               "null: balanced")
+    train_fraction: float = Field(0.8, gt=0, lt=1, description="each client's rows kept for training")
+    seed: int | None = Field(None, ge=0, description="generator seed; defaults to the run's seed")
 
 
 class PartitionConfig(Section):
     """How the training rows are dealt to clients (``fedjax_lab/data/partitions.py``)."""
 
     name: Literal["iid", "dirichlet", "dirichlet_client", "classes_per_client", "class_blocks", "shards",
-                  "quantity_skew", "feature_skew", "bherd_case"] = "dirichlet"
-    num_clients: PositiveInt = 100
+                  "quantity_skew", "feature_skew", "bherd_case"] = Field(
+        "dirichlet", description="the partitioner (dirichlet: NIID-Bench's label skew, each class split by "
+                                 "Dir(alpha) over the clients)")
+    num_clients: PositiveInt = Field(100, description="clients")
     alpha: PositiveFloat = Field(0.5, description="dirichlet, dirichlet_client, quantity_skew")
     min_size: int = Field(10, ge=1, description="dirichlet, quantity_skew: fewest rows a client may get")
     max_attempts: PositiveInt = Field(100, description="dirichlet, quantity_skew: redraws before giving up")
@@ -82,8 +86,10 @@ class PartitionConfig(Section):
 class ServerDataConfig(Section):
     """Data held by the server and by no client (FedWalk, Feddle)."""
 
-    kind: Literal["in_domain", "out_of_domain", "withheld_classes"]
-    size: PositiveInt = 1000
+    kind: Literal["in_domain", "out_of_domain", "withheld_classes"] = Field(
+        description="in_domain: rows of the same dataset; out_of_domain: rows of another; withheld_classes: the "
+                    "rows of classes no client sees")
+    size: PositiveInt = Field(1000, description="rows the server holds")
     dataset: str | None = Field(None, description="out_of_domain: another dataset of the same source")
     data_dir: str | None = Field(None, description="out_of_domain: where that dataset is (default dataset.data_dir; "
                                                    "for image_folder, the other dataset's root)")
@@ -113,7 +119,8 @@ class ImageDataset(Section):
     """A centralised image dataset from local archives or tensorflow-datasets, partitioned into clients."""
 
     name: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "svhn_cropped", "image_folder"]
-    source: Literal["local", "tfds"] = "local"
+    source: Literal["local", "tfds"] = Field("local", description="local: this project's archives (`fedjax-lab data "
+                                                                  "prepare`); tfds: tensorflow-datasets")
     data_dir: str | None = Field(None, description="local: folder of the archives (default $FEDJAX_LAB_DATA or "
                                                    "../shared/data); tfds: the tfds data dir; image_folder: root")
     tfds_name: str | None = Field(None, description="tfds builder name when it differs, e.g. emnist/balanced")
@@ -122,10 +129,11 @@ class ImageDataset(Section):
     partition: PartitionConfig = PartitionConfig()
     server_data: ServerDataConfig | None = None
     standardize: bool = Field(True, description="per-channel standardisation with training-set statistics")
-    augment: Literal["none", "flip", "crop_flip"] = "none"
+    augment: Literal["none", "flip", "crop_flip"] = Field("none", description="training-time augmentation of "
+                                                                             "the clients' batches")
     subset: PositiveInt | None = Field(None, description="keep only the first n training rows (official order), "
                                                          "for a run at a smaller scale")
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, description="the partition's and augmentation's seed; defaults to the run's seed")
 
     @property
     def num_clients(self) -> int:
@@ -154,8 +162,8 @@ class ShakespeareDataset(Section):
     """Federated Shakespeare: one client per role (natural partition), next-character prediction."""
 
     name: Literal["shakespeare"]
-    data_dir: str | None = None
-    sequence_length: PositiveInt = 80
+    data_dir: str | None = Field(None, description="folder of the archive (default $FEDJAX_LAB_DATA or ../shared/data)")
+    sequence_length: PositiveInt = Field(80, description="characters per example")
     num_clients: PositiveInt = Field(715, le=715, description="the first num_clients roles")
 
 
@@ -172,7 +180,7 @@ class ModelConfig(Section):
     """A model of the zoo (``fedjax_lab/models``)."""
 
     name: Literal["logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
-                  "feddle_cnn", "resnet8", "resnet18", "char_rnn"]
+                  "feddle_cnn", "resnet8", "resnet18", "char_rnn"] = Field(description="the model (`fedjax_lab/models/`)")
     hidden: tuple[PositiveInt, ...] = Field((200, 200), description="mlp")
     padding: Literal["SAME", "VALID"] = Field("SAME", description="fedavg_cnn")
     norm: Literal["batch", "group", "none"] = Field("batch", description="resnet8, resnet18")
@@ -189,14 +197,14 @@ class ModelConfig(Section):
 class ClientConfig(Section):
     """Local training. Exactly one of ``local_steps`` and ``local_epochs`` (see docs/semantics.md)."""
 
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    learning_rate: PositiveFloat = 0.01
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: PositiveInt = 10
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="the clients' optimiser, fresh each round")
+    learning_rate: PositiveFloat = Field(0.01, description="the clients' learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd momentum, within a round")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient (coupled, as torch's SGD)")
+    batch_size: PositiveInt = Field(10, description="rows per local step")
     schedule: registry.ScheduleConfig = Field(registry.ScheduleConfig(), description="learning_rate over rounds")
-    local_steps: PositiveInt | None = None
-    local_epochs: PositiveInt | None = None
+    local_steps: PositiveInt | None = Field(None, description="every client takes exactly this many steps a round")
+    local_epochs: PositiveInt | None = Field(None, description="client k takes E * ceil(n_k / B) steps a round")
     drop_remainder: bool = Field(False, description="epochs of floor(n_k / B) full batches (BHerd's tau_k), not "
                                                     "ceil(n_k / B) with a partial last batch")
     batch_order: Literal["reshuffle", "fixed"] = Field(
@@ -216,8 +224,11 @@ AlgorithmConfig = registry.algorithm_union()
 
 
 class RoundsConfig(Section):
-    num_rounds: PositiveInt = 100
-    clients_per_round: PositiveInt = 10
+    """The rounds of a run and each round's cohort."""
+
+    num_rounds: PositiveInt = Field(100, description="rounds of the run")
+    clients_per_round: PositiveInt = Field(10, description="the cohort: clients sampled (without replacement) "
+                                                           "each round")
     chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round. "
                                              "Unset: on CPU 1 for CNNs and 2 otherwise, the whole cohort elsewhere. Never changes "
                                              "results beyond float rounding")
@@ -249,8 +260,9 @@ class AsynchronyConfig(Section):
 
 class EvalConfig(Section):
     every: PositiveInt = Field(10, description="rounds between evaluations; also the rounds per compiled block")
-    batch_size: PositiveInt = 1024
-    per_client: bool = True
+    batch_size: PositiveInt = Field(1024, description="rows per evaluation batch (memory only)")
+    per_client: bool = Field(True, description="also each client's accuracy on its own test rows "
+                                               "(client_accuracy_mean, _min, _p10, _max, _std)")
     train: bool = Field(False, description="also evaluate the global model on all clients' training rows: "
                                            "full_train_loss (the training objective, l2 included) and "
                                            "full_train_accuracy")
@@ -381,7 +393,7 @@ def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, 
 
 class CheckpointConfig(Section):
     every_blocks: int = Field(5, ge=0, description="0 checkpoints only at the end")
-    keep: PositiveInt = 2
+    keep: PositiveInt = Field(2, description="checkpoints kept (the latest ones)")
 
 
 class Config(Section):

@@ -52,7 +52,7 @@ class Fields(BaseModel):
 class ScheduleConfig(Fields):
     """A learning rate's multiplier over rounds (``fedjax_lab/experiments/hyperparams.py``)."""
 
-    name: Literal["constant", "step", "exponential", "cosine"] = "constant"
+    name: Literal["constant", "step", "exponential", "cosine"] = Field("constant", description="the schedule")
     boundaries: tuple[PositiveInt, ...] = Field((), description="step: rounds from which the rate is multiplied by "
                                                                 "factor once more")
     factor: PositiveFloat = Field(0.1, description="step: the multiplier at each boundary; exponential: the "
@@ -70,12 +70,14 @@ class AlgorithmFields(Fields):
     server_optimizer: Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"] = Field(
         "sgd", description="the server's step on the averaged delta; momentum_fedcog: FedCOG's code variant of "
                            "FedAvgM (x - v / (1 + beta))")
-    server_learning_rate: PositiveFloat = 1.0
+    server_learning_rate: PositiveFloat = Field(1.0, description="the server optimiser's step size (1.0 with sgd: "
+                                                                 "the model becomes the weighted mean)")
     server_momentum: float = Field(0.9, ge=0, lt=1, description="server_optimizer=momentum")
     beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")
     beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
     tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
-    weighting: Literal["num_examples", "uniform"] = "num_examples"
+    weighting: Literal["num_examples", "uniform"] = Field("num_examples", description="the weights of the mean of "
+                                                                                       "the clients' deltas")
     buffer_size: PositiveInt | None = Field(
         None, description="the server steps each time this many updates have arrived (FedBuff's K; runs the "
                           "asynchronous round); default once per round on that round's arrivals")

@@ -1,0 +1,31 @@
+"""docs/metrics.md lists every metric that runs of the main kinds log (synchronous and asynchronous rounds,
+the evaluation options, several methods)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fedjax_lab.experiments import load_config, run_experiment
+from fedjax_lab.experiments.run_directory import read_metrics
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "synthetic_fedavg.yaml"
+TINY = ["rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1", "dataset.num_clients=6",
+        "rounds.clients_per_round=3"]
+KINDS = {
+    "fedavg": ["eval.train=true"],
+    "fednova": ["algorithm.name=fednova"],
+    "bherd": ["algorithm={name: bherd, alpha: 0.5}"],
+    "grab": ["algorithm.name=grab"],
+    "fedbuff": ["algorithm.name=fedbuff", "algorithm.buffer_size=2", "asynchrony={delay: half_normal, sigma: 1}"],
+    "fedasync": ["algorithm.name=fedasync", "asynchrony={delay: fixed, rounds: 1}"],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_logged_metric_is_documented(kind, tmp_path):
+    run_experiment(load_config(CONFIG, [*TINY, *KINDS[kind]]), tmp_path / kind, progress=False)
+    logged = {key for row in read_metrics(tmp_path / kind) for key in row if key != "round"}
+    documented = set(re.findall(r"`([a-z][a-z0-9_]*)`", DOC))
+    assert logged and logged <= documented, f"not in docs/metrics.md: {sorted(logged - documented)}"
