@@ -465,7 +465,7 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["svm", "alpha"], choices=["svm", "svm_lr", "alpha", "cnn", "cifar"])
+    parser.add_argument("--parts", nargs="+", default=["svm", "alpha"], choices=["svm", "svm_lr", "alpha", "cnn10", "cnn", "cifar"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bherd")
