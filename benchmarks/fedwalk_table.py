@@ -170,7 +170,7 @@ def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tupl
 def write_report(results: dict, args) -> None:
     out = Path(args.out)
     lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
-              "round (the paper reports the best), mean ± std over the seeds that have finished; the paper's "
+              "round (the paper reports the best), mean ± sample std (ddof 1) over the seeds that have finished; the paper's "
               "Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
               "`python benchmarks/fedwalk_table.py`."), "",
              *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
