@@ -10,13 +10,14 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 # Run in the kernel after the notebook's own cells, in its namespace (the notebooks run in tmp/notebooks).
 CHECKS = {
     "quickstart.ipynb": """
-assert Path("../runs/notebook_fedadam/curves.png").exists()
+assert Path("../runs/notebook_fedadam/curves.png").exists() and Path("../runs/fedavg_vs_fedadam.png").exists()
 assert int(state.round) == 4 * BLOCK
 """,
     "sweeps.ipynb": """
 assert summary["layout"].startswith("one program")
 assert len(summary["members"]) == 12
 assert Path("../runs/notebook_sweep/curves.png").exists()
+assert Path("../runs/notebook_sweep/seeds_x_rates.png").exists()
 """,
     "bherd.ipynb": """
 assert len(results) == 9 and ROUNDS == 3
