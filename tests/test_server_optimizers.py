@@ -84,3 +84,10 @@ def test_fedcog_momentum_variant_matches_its_code_rule():
     np.testing.assert_allclose(first["w"], -g["w"])  # round 0: x - v with v = g
     second, state = opt.update(g, state)
     np.testing.assert_allclose(second["w"], -(0.1 * g["w"] + g["w"]) / 1.1, rtol=1e-6)
+
+
+def test_asking_the_adaptive_server_for_sgd_points_to_the_plain_fedavg_server():
+    from fedjax_lab.methods.server_optimizers import reddi_server
+
+    with pytest.raises(ValueError, match=r"the plain FedAvg server is fedavg_server\(learning_rate\)"):
+        reddi_server("sgd", 1.0)
