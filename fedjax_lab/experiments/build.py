@@ -33,6 +33,7 @@ from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
 from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator, lower_mask
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
+from fedjax_lab.engine.round import component_round
 from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes
 from fedjax_lab.engine.variables import split_variables
@@ -40,7 +41,6 @@ from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.config import Config, ConfigError, distributed_settings
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.methods import registry, server_optimizers
-from fedjax_lab.methods.fedavg import fedavg
 from fedjax_lab.models import augment
 
 
@@ -221,8 +221,8 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
     a = config.algorithm
     entries = [(registry.REGISTRY[m.name], m) for m in (a, *a.plugins)]
     components = [c for spec, m in entries if not spec.wrapper for c in spec.load_builder()(m, context)]
-    algorithm = fedavg(classifier, context.client_optimizer, build_server_optimizer(config), context.schedule,
-                       *components, weighting=a.weighting)
+    algorithm = component_round(classifier, context.client_optimizer, build_server_optimizer(config),
+                                context.schedule, *components, weighting=a.weighting)
     for spec, m in entries:
         if spec.wrapper:
             algorithm = spec.load_builder()(m, context)(algorithm)

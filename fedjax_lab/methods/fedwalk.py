@@ -122,7 +122,7 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
     """
     if base.with_components is None:
         raise ValueError("FedWalk adds its client-loss report to the base algorithm's clients; build the base "
-                         "from components (fedjax_lab.methods.fedavg.fedavg)")
+                         "from components (fedjax_lab.engine.round.component_round)")
     inner = base.with_components(client_loss_report(leash.classifier, client_loss, client_loss_examples))
     optimizer = optax.sgd(learning_rate, momentum=momentum)
 
