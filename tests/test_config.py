@@ -1,5 +1,7 @@
 """Bad input fails before anything is built or compiled, naming the field and what is allowed."""
 
+from pathlib import Path
+
 import pytest
 
 from fedjax_lab.experiments import ConfigError, load_config, validate
@@ -190,3 +192,16 @@ def test_a_problem_that_involves_a_wrong_field_is_not_reported_twice():
         validate(raw)
     assert len(str(caught.value).splitlines()) == 2 and "rounds.clients_per_round: Input should be a valid integer" \
         in str(caught.value)
+
+
+def test_the_builder_names_no_method():
+    """``experiments/build.py`` builds every method through the registry and the engine's round; it imports no
+    method module (a method declares what the builder needs, such as FedImpro's ``split``)."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "fedjax_lab" / "experiments" / "build.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
+    imported |= {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.ImportFrom) for a in node.names}
+    methods = {m for m in imported if m.startswith("fedjax_lab.methods.")}
+    assert methods <= {"fedjax_lab.methods.registry", "fedjax_lab.methods.server_optimizers"}, methods

@@ -284,12 +284,10 @@ class Experiment:
 
 
 def measured_split(config: Config, module) -> str:
-    """The stage ending the model's lower part for the dissimilarity measurement: ``eval.split``, else
-    FedImpro's split when FedImpro is on, else the middle stage."""
-    from fedjax_lab.methods.fedimpro import default_split
-
-    fedimpro = [m for m in (config.algorithm, *config.algorithm.plugins) if m.name == "fedimpro"]
-    split = config.eval.split or (fedimpro[0].split if fedimpro else None) or default_split(module)
+    """The stage ending the model's lower part for the dissimilarity measurement: ``eval.split``, else the split
+    a method of the run declares (a ``split`` field: FedImpro's), else the middle stage."""
+    declared = [m.split for m in (config.algorithm, *config.algorithm.plugins) if getattr(m, "split", None)]
+    split = config.eval.split or (declared[0] if declared else None) or models.middle_stage(module)
     if split not in getattr(module, "stages", ()):
         raise ConfigError(f"eval.split must be a stage of model {config.model.name}: "
                           f"{list(getattr(module, 'stages', ()))}, got {split!r}")

@@ -51,6 +51,7 @@ import optax
 from fedjax_lab.engine.components import ClientView, Component, ServerView, client_class_counts
 from fedjax_lab.engine.types import Metrics, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
+from fedjax_lab.models.staged import middle_stage
 from fedjax_lab.models.tasks import Classifier, masked_mean
 
 
@@ -120,7 +121,7 @@ def sample_features(stats: FeatureStats, labels: jax.Array, noise: jax.Array) ->
 def default_split(module) -> str:
     """The middle of the model's stages (``layer2`` of ResNet-18, the paper's 9th layer; ``conv2`` of the
     simple-CNN)."""
-    return module.stages[len(module.stages) // 2 - 1]
+    return middle_stage(module)
 
 
 def feature_shape(classifier: Classifier, split: str) -> tuple[int, ...]:

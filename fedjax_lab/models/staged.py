@@ -16,6 +16,12 @@ import jax
 from fedjax_lab.models.layers import check_stage
 
 
+def middle_stage(module) -> str:
+    """The middle of a model's stages: the default split of a lower and an upper part (``layer2`` of ResNet-18,
+    FedImpro's 9th layer; ``conv2`` of the simple-CNN)."""
+    return module.stages[len(module.stages) // 2 - 1]
+
+
 class StagedModel(nn.Module):
     """Base class: subclasses set ``stages`` and implement ``stage`` and ``head``."""
 
