@@ -205,3 +205,15 @@ def test_the_builder_names_no_method():
                  if isinstance(node, ast.ImportFrom) for a in node.names}
     methods = {m for m in imported if m.startswith("fedjax_lab.methods.")}
     assert methods <= {"fedjax_lab.methods.registry", "fedjax_lab.methods.server_optimizers"}, methods
+
+
+def test_no_method_factory_takes_more_than_six_positional_arguments():
+    """Two swapped floats raise no error: past six arguments, a method's calls pass keywords."""
+    import ast
+
+    crowded = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "fedjax_lab" / "methods").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and len(node.args) > 6 and not isinstance(node.func, ast.Attribute):
+                crowded.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
+    assert not crowded, crowded

@@ -151,8 +151,10 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
             zeros = jnp.zeros((num_samples, *shape))
             return Generated(zeros, jnp.zeros((num_samples, num_classes)), jnp.float32(0.0), jnp.float32(0.0))
 
-        generated = jax.lax.cond(active, lambda: generate(apply, view.global_variables, view.state, targets,
-                                                          view.key, shape, steps, learning_rate, lambda_dis), off)
+        generated = jax.lax.cond(active, lambda: generate(apply, view.global_variables, view.state,
+                                                          labels=targets, key=view.key, input_shape=shape,
+                                                          steps=steps, learning_rate=learning_rate,
+                                                          lambda_dis=lambda_dis), off)
         return Prepared(generated, jnp.where(active, w_ce, 1.0), jnp.where(active, w_kd, 0.0), active)
 
     def batch(view: ClientView):
@@ -204,6 +206,9 @@ def build(config, context) -> tuple[Component, ...]:
     algorithm = context.config.algorithm
     with_moon = "moon" in [algorithm.name, *(p.name for p in algorithm.plugins)]
     return (consensus_generation(context.classifier, context.dataset.num_classes, config.num_samples,
-                                 config.steps, config.learning_rate, config.lambda_dis, config.labels,
-                                 config.kd_weighting, config.lambda_kd, config.temperature, config.batch_size,
-                                 config.start_round, "moon" if with_moon else None),)
+                                 steps=config.steps, learning_rate=config.learning_rate,
+                                 lambda_dis=config.lambda_dis, labels=config.labels,
+                                 kd_weighting=config.kd_weighting, lambda_kd=config.lambda_kd,
+                                 temperature=config.temperature, batch_size=config.batch_size,
+                                 start_round=config.start_round,
+                                 shares_state_of="moon" if with_moon else None),)

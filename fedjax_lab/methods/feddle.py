@@ -210,8 +210,10 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         else:
             at_fallback = merge_variables(jax.tree.map(jnp.add, params, combine(fallback, anchors)), model_state,
                                           variables)
-            head = train_head(surrogate, at_fallback, head, server_batch, view.context.server_arrays,
-                              jax.random.fold_in(view.context.key, 1_000_003), head_steps, head_learning_rate)
+            head = train_head(surrogate, at_fallback, head, draw=server_batch,
+                              arrays=view.context.server_arrays,
+                              key=jax.random.fold_in(view.context.key, 1_000_003), steps=head_steps,
+                              learning_rate=head_learning_rate)
 
             def loss_at(p, key):
                 return surrogate.loss(merge_variables(p, model_state, variables), head,
@@ -225,8 +227,9 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
             g_search, g_probe = jnp.where(atlas.valid, g_search, 0.0), jnp.where(atlas.valid, g_probe, 0.0)
             metrics["feddle_probe_cosine"] = jnp.vdot(g_search, g_probe) / jnp.maximum(
                 jnp.linalg.norm(g_search) * jnp.linalg.norm(g_probe), 1e-30)
-        c, loss_before, loss_after = search(loss_at, params, anchors, atlas.valid, start, fallback, regularization,
-                                            steps, optax.adam(learning_rate), view.context.key)
+        c, loss_before, loss_after = search(loss_at, params, anchors, valid=atlas.valid, start=start,
+                                            anchor=fallback, regularization=regularization, steps=steps,
+                                            optimizer=optax.adam(learning_rate), key=view.context.key)
         scores = jnp.where(atlas.valid, jnp.abs(c), 0.0)
         if eviction == "fifo":
             scores = jnp.where(atlas.valid, atlas.filled_at.astype(jnp.float32), 0.0)
@@ -260,11 +263,15 @@ def build(config, context) -> tuple[Component, ...]:
     if context.config.dataset.server_data.kind != "in_domain":
         surrogate = FeatureHeadTask(context.classifier, int(context.dataset.server["y"].max()) + 1)
     return (coefficient_search(context.classifier.loss, sample_server_batch(config.search_batch_size),
-                               config.atlas_size, config.search_steps, config.search_learning_rate,
-                               config.regularization, config.fallback_learning_rate, config.fallback_init,
-                               config.normalize, config.eviction, surrogate, config.head_steps,
-                               config.head_learning_rate, jax.random.fold_in(context.key, 7),
-                               test_probe(context, config.probe_examples)),)
+                               config.atlas_size, steps=config.search_steps,
+                               learning_rate=config.search_learning_rate,
+                               regularization=config.regularization,
+                               fallback_rate=config.fallback_learning_rate,
+                               fallback_init=config.fallback_init, normalize=config.normalize,
+                               eviction=config.eviction, surrogate=surrogate, head_steps=config.head_steps,
+                               head_learning_rate=config.head_learning_rate,
+                               head_key=jax.random.fold_in(context.key, 7),
+                               probe=test_probe(context, config.probe_examples)),)
 
 
 def test_probe(context, num_examples: int) -> Callable[[Params], jax.Array] | None:

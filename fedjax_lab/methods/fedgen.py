@@ -215,9 +215,12 @@ def fedgen(classifier, num_classes: int, key: jax.Array, alpha: float | jax.Arra
         def heads(z):
             return jax.vmap(lambda v: module.apply(v, z, method="head"))(clients)
 
-        state, metrics = train_generator(generator, view.state, heads, view.messages["fedgen"], view.weights > 0,
-                                         component_key(view.context.key, "fedgen"), generator_steps,
-                                         generator_learning_rate, generator_batch_size, noise_dim, diversity_weight)
+        state, metrics = train_generator(generator, view.state, heads, counts=view.messages["fedgen"],
+                                         present=view.weights > 0,
+                                         key=component_key(view.context.key, "fedgen"), steps=generator_steps,
+                                         learning_rate=generator_learning_rate,
+                                         batch_size=generator_batch_size, noise_dim=noise_dim,
+                                         diversity_weight=diversity_weight)
         return state, variables, metrics
 
     return Component("fedgen", loss_term=loss_term, needs_features=True, batch=batch,
@@ -231,6 +234,8 @@ def build(config, context) -> tuple[Component, ...]:
     if context.classifier.objective != "cross_entropy":
         raise ValueError("fedgen needs a softmax classifier (objective: cross_entropy)")
     return (fedgen(context.classifier, context.dataset.num_classes, component_key(context.key, "fedgen"),
-                   config.alpha, config.beta, config.noise_dim, config.hidden, config.generator_steps,
-                   config.generator_learning_rate, config.generator_batch_size, config.teacher_batch_size,
-                   config.diversity_weight),)
+                   alpha=config.alpha, beta=config.beta, noise_dim=config.noise_dim, hidden=config.hidden,
+                   generator_steps=config.generator_steps,
+                   generator_learning_rate=config.generator_learning_rate,
+                   generator_batch_size=config.generator_batch_size,
+                   teacher_batch_size=config.teacher_batch_size, diversity_weight=config.diversity_weight),)

@@ -164,7 +164,8 @@ def shared_features(classifier: Classifier, num_classes: int, key: jax.Array, ba
             variables = merge_variables(record.params, model_state, view.global_variables)
             x, mask = classifier.preprocess(record.batch["x"]), record.batch["mask"]
             h = jax.lax.stop_gradient(apply_part(variables, x, "lower", mask)).reshape(x.shape[0], dim)
-            return update_stats(stats, h, record.batch["y"], mask, ema_examples, spread_cap, moving_average)
+            return update_stats(stats, h, record.batch["y"], mask=mask, ema_examples=ema_examples,
+                                spread_cap=spread_cap, moving_average=moving_average)
 
         return (lambda: view.server.stats), fold
 
@@ -223,7 +224,10 @@ def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: fedimpro`` (FedAvg + FedImpro) or of a ``fedimpro`` plug-in; see
     ``methods/registry.py``."""
     return (shared_features(context.classifier, context.dataset.num_classes,
-                            jax.random.fold_in(context.key, 0x1A9B0), context.config.client.batch_size, config.split,
-                            config.weight, config.weight_schedule, config.ramp_rounds, config.labels, config.source,
-                            config.ema_examples, config.spread_cap, config.init_spread, config.aggregation,
-                            config.noise_std, moving_average=config.moving_average),)
+                            jax.random.fold_in(context.key, 0x1A9B0),
+                            batch_size=context.config.client.batch_size, split=config.split,
+                            weight=config.weight, weight_schedule=config.weight_schedule,
+                            ramp_rounds=config.ramp_rounds, labels=config.labels, source=config.source,
+                            ema_examples=config.ema_examples, spread_cap=config.spread_cap,
+                            init_spread=config.init_spread, aggregation=config.aggregation,
+                            noise_std=config.noise_std, moving_average=config.moving_average),)

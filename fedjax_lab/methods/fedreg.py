@@ -116,8 +116,9 @@ def alleviated_forgetting(classifier: Classifier, num_classes: int, gamma: float
     def batch(view: ClientView):
         def add_regularisation(b, step, key):
             source = sample_client_batch(view.client, view.arrays, jax.random.fold_in(view.key, step), batch_size)
-            return {**b, "fedreg": regularisation_data(classifier, view.global_variables, source, key, num_classes,
-                                                       p_iters, ps_eta, pt_eta)}
+            return {**b, "fedreg": regularisation_data(classifier, view.global_variables, source, key=key,
+                                                       num_classes=num_classes, p_iters=p_iters,
+                                                       ps_eta=ps_eta, pt_eta=pt_eta)}
 
         return add_regularisation
 
@@ -144,5 +145,6 @@ def alleviated_forgetting(classifier: Classifier, num_classes: int, gamma: float
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: fedreg`` (or of a ``fedreg`` plug-in); see ``methods/registry.py``."""
-    return (alleviated_forgetting(context.classifier, context.dataset.num_classes, config.gamma, config.p_iters,
-                                  config.ps_eta, config.pt_eta, context.config.client.batch_size),)
+    return (alleviated_forgetting(context.classifier, context.dataset.num_classes, config.gamma,
+                                  p_iters=config.p_iters, ps_eta=config.ps_eta, pt_eta=config.pt_eta,
+                                  batch_size=context.config.client.batch_size),)

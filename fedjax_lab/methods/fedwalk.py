@@ -145,8 +145,9 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
 
         def walk(operand):
             variables, head, _ = operand
-            variables, head = leash_steps(leash, variables, head, context.server_arrays, jax.random.fold_in(key, 0),
-                                          optimizer, num_steps, batch_size)
+            variables, head = leash_steps(leash, variables, head, arrays=context.server_arrays,
+                                          key=jax.random.fold_in(key, 0), optimizer=optimizer,
+                                          num_steps=num_steps, batch_size=batch_size)
             measured = leash.evaluate(variables, head, context.server_arrays, jax.random.fold_in(key, 1),
                                       leash_loss_examples)
             return variables, head, measured
@@ -165,14 +166,16 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
         return server_state._replace(base=inner.set_model_params(server_state.base, params))
 
     def with_components(*more):
-        return fedwalk(base.with_components(*more), leash, head_key, tau, beta, learning_rate, momentum, num_steps,
-                       batch_size, leash_loss_examples, client_loss, client_loss_examples)
+        return fedwalk(base.with_components(*more), leash, head_key, tau=tau, beta=beta,
+                       learning_rate=learning_rate, momentum=momentum, num_steps=num_steps,
+                       batch_size=batch_size, leash_loss_examples=leash_loss_examples,
+                       client_loss=client_loss, client_loss_examples=client_loss_examples)
 
     reported = None if inner.reported_params is None else (
         lambda server_state: inner.reported_params(server_state.base))
-    return Algorithm(server_init, client_init, client_update, server_update,
-                     lambda server_state: inner.model_params(server_state.base), set_model_params, with_components,
-                     reported_params=reported)
+    return Algorithm(server_init=server_init, client_init=client_init, client_update=client_update,
+                     server_update=server_update, model_params=lambda server_state: inner.model_params(server_state.base),
+                     set_model_params=set_model_params, with_components=with_components, reported_params=reported)
 
 
 def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,
@@ -182,7 +185,8 @@ def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, 
     then runs without a leash; returns the model and the leash head (which FL does not use)."""
     head = leash.init_head(head_key, variables)
     optimizer = optax.sgd(learning_rate, momentum=momentum)
-    return leash_steps(leash, variables, head, arrays, key, optimizer, num_steps, batch_size)
+    return leash_steps(leash, variables, head, arrays=arrays, key=key, optimizer=optimizer,
+                       num_steps=num_steps, batch_size=batch_size)
 
 
 def build(config, context) -> Callable[[Algorithm], Algorithm]:
@@ -199,15 +203,17 @@ def build(config, context) -> Callable[[Algorithm], Algorithm]:
 
     @jax.jit
     def pretrain(params, arrays):
-        return pretrain_on_leash(leash, params, head_key, arrays, jax.random.fold_in(head_key, 1), pretrain_steps,
-                                 rate, config.momentum, config.batch_size)
+        return pretrain_on_leash(leash, params, head_key, arrays=arrays, key=jax.random.fold_in(head_key, 1),
+                                 num_steps=pretrain_steps, learning_rate=rate, momentum=config.momentum,
+                                 batch_size=config.batch_size)
 
     def wrap(base: Algorithm) -> Algorithm:
         if config.mode == "pretrain":
             return base._replace(server_init=lambda params: base.server_init(pretrain(params, leash_arrays)[0]))
-        walked = fedwalk(base, leash, head_key, config.tau, config.beta, rate, config.momentum, config.steps,
-                         config.batch_size, config.leash_loss_examples, config.client_loss,
-                         config.client_loss_examples)
+        walked = fedwalk(base, leash, head_key, tau=config.tau, beta=config.beta, learning_rate=rate,
+                         momentum=config.momentum, num_steps=config.steps, batch_size=config.batch_size,
+                         leash_loss_examples=config.leash_loss_examples, client_loss=config.client_loss,
+                         client_loss_examples=config.client_loss_examples)
         if not pretrain_steps:
             return walked
 

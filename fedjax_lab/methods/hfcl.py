@@ -31,8 +31,8 @@ def server_as_client(task: Any, optimizer: optax.GradientTransformation, schedul
         key = component_key(view.context.key, "hfcl")
         server = ClientData(jnp.int32(-1), jnp.arange(num_server_examples, dtype=jnp.int32),
                             jnp.int32(num_server_examples), key)
-        trained, _ = train_locally(view.global_variables, task, optimizer, server, view.context.server_arrays, key,
-                                   schedule)
+        trained, _ = train_locally(view.global_variables, task, optimizer, client=server,
+                                   arrays=view.context.server_arrays, key=key, schedule=schedule)
         total = jnp.sum(view.weights)
         combined = jax.tree.map(lambda m, y, w: (total * m + weight * (y - w)) / (total + weight), mean_delta,
                                 trained, view.global_variables)

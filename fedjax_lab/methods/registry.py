@@ -154,7 +154,8 @@ def register(builder: str, *, base: bool = True, plugin: bool = False, wrapper: 
             raise ValueError(f"method {name!r} is registered twice")
         if base and not issubclass(config, AlgorithmFields):
             raise TypeError(f"{config.__name__}: a base method's config must subclass AlgorithmFields")
-        REGISTRY[name] = MethodSpec(name, config, builder, base, plugin, wrapper, needs_server_data, reference)
+        REGISTRY[name] = MethodSpec(name, config, builder, base=base, plugin=plugin, wrapper=wrapper,
+                                    needs_server_data=needs_server_data, reference=reference)
         return config
 
     return decorate

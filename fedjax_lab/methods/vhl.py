@@ -136,6 +136,9 @@ def virtual_homogeneity(classifier: Classifier, key: jax.Array, num_classes: int
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: vhl`` (or of a ``vhl`` plug-in); see ``methods/registry.py``."""
     key = jax.random.fold_in(context.key, 0x7648)  # the virtual dataset's own stream of the run's key
-    return (virtual_homogeneity(context.classifier, key, context.dataset.num_classes, config.alpha, config.align_weight, config.virtual_weight, config.temperature,
-                                config.virtual_classes, config.per_class,
-                                config.batch_size or context.config.client.batch_size, config.labels),)
+    return (virtual_homogeneity(context.classifier, key, context.dataset.num_classes, alpha=config.alpha,
+                                align_weight=config.align_weight, virtual_weight=config.virtual_weight,
+                                temperature=config.temperature, virtual_classes=config.virtual_classes,
+                                per_class=config.per_class,
+                                batch_size=config.batch_size or context.config.client.batch_size,
+                                labels=config.labels),)
