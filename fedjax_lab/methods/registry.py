@@ -25,6 +25,15 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+if typing.TYPE_CHECKING:  # for the annotations only: this module imports no JAX, so configs validate fast
+    import jax
+    import optax
+
+    from fedjax_lab.data import FederatedDataset
+    from fedjax_lab.engine.local_training import LocalSchedule
+    from fedjax_lab.experiments.config import Config
+    from fedjax_lab.models import Classifier
+
 
 def _admits_bool(annotation: Any) -> bool:
     return annotation is bool or any(_admits_bool(arg) for arg in typing.get_args(annotation))
@@ -102,13 +111,13 @@ class BuildContext:
         is the static one, for structure.
     """
 
-    config: Any
-    classifier: Any
-    dataset: Any
-    client_optimizer: Any
-    schedule: Any
-    key: Any = None
-    values: Any = None
+    config: Config
+    classifier: Classifier
+    dataset: FederatedDataset
+    client_optimizer: optax.GradientTransformation
+    schedule: LocalSchedule
+    key: jax.Array | None = None
+    values: Config | None = None
 
 
 @dataclasses.dataclass(frozen=True)
