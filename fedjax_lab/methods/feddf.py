@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.components import Component, LocalResult, ServerView
+from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
 from fedjax_lab.engine.tree_math import tree_squared_norm, tree_sub
 from fedjax_lab.engine.types import Arrays, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
-from fedjax_lab.methods.feddle import sample_server_batch
 from fedjax_lab.models.divergences import mean_entropy, softened_kl
 
 
@@ -71,25 +71,21 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
 
     def after_step(view: ServerView, variables):
         teachers, weights = view.messages["feddf"], teacher_weights(view.weights, teacher)
-        optimizer = optax.adam(learning_rate)
         params, model_state = split_variables(variables)
 
-        def loss(params, model_state, batch, target, key):
+        def with_target(arrays: Arrays, key: jax.Array) -> tuple[Arrays, jax.Array]:
+            batch = draw(arrays, key)  # the ensemble's logits are the target, computed outside the gradient
+            return batch, ensemble_logits(classifier.predict, teachers, weights, batch["x"])
+
+        def loss(params, model_state, batch_and_target, key):
+            batch, target = batch_and_target
             logits, new_state = classifier.apply_train(merge_variables(params, model_state, variables), batch, key)
             return softened_kl(logits, target, batch["mask"], temperature), new_state
 
-        def step(carry, s):
-            params, model_state, opt_state = carry
-            key = jax.random.fold_in(view.context.key, s)
-            batch: Arrays = draw(view.context.server_arrays, key)
-            target = ensemble_logits(classifier.predict, teachers, weights, batch["x"])
-            grads, model_state = jax.grad(loss, has_aux=True)(params, model_state, batch, target, key)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), model_state, opt_state), None
-
         start = params, model_state
-        (params, model_state, _), _ = jax.lax.scan(step, (params, model_state, optimizer.init(params)),
-                                                   jnp.arange(steps))
+        params, model_state = train_on_server_batches(loss, params, model_state, draw=with_target,
+                                                      arrays=view.context.server_arrays, key=view.context.key,
+                                                      steps=steps, optimizer=optax.adam(learning_rate))
         # The distillation loss on the first batch, before and after (is the student nearer the ensemble?); how
         # sure the ensemble and its average member are there (members sure of different classes average to a flat
         # target); and how far distillation moved the model (a fresh Adam takes steps of about the learning rate
@@ -100,8 +96,8 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         target = _weighted_mean(members, weights)
         student = classifier.predict(merge_variables(params, model_state, variables), batch["x"])
         entropy = lambda logits: mean_entropy(logits, batch["mask"], temperature)
-        metrics = {"feddf_loss_start": loss(*start, batch, target, key)[0],
-                   "feddf_loss_end": loss(params, model_state, batch, target, key)[0],
+        metrics = {"feddf_loss_start": loss(*start, (batch, target), key)[0],
+                   "feddf_loss_end": loss(params, model_state, (batch, target), key)[0],
                    "feddf_ensemble_entropy": entropy(target),
                    "feddf_member_entropy": _weighted_mean(jax.vmap(entropy)(members), weights),
                    "feddf_student_entropy": entropy(student),

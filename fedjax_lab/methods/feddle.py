@@ -34,7 +34,7 @@ import optax
 
 from fedjax_lab.engine.aggregation import cohort_mask, weighted_mean
 from fedjax_lab.engine.components import Component, ServerView
-from fedjax_lab.engine.local_training import gather_batch
+from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
 from fedjax_lab.engine.tree_math import tree_stack_copies, tree_zeros_like
 from fedjax_lab.engine.types import Arrays, LossFn, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
@@ -149,16 +149,9 @@ class FeddleState(NamedTuple):
 def train_head(surrogate: FeatureHeadTask, variables: Params, head: Params, draw: Callable, arrays: Arrays,
                key: jax.Array, steps: int, learning_rate: float | jax.Array) -> Params:
     """Eq. 9: ``steps`` Adam steps on the surrogate loss over the head alone, the model held fixed."""
-    optimizer = optax.adam(learning_rate)
-
-    def step(carry, s):
-        head, opt_state = carry
-        k = jax.random.fold_in(key, s)
-        grads = jax.grad(lambda h: surrogate.loss(variables, h, draw(arrays, k), k)[0])(head)
-        updates, opt_state = optimizer.update(grads, opt_state, head)
-        return (optax.apply_updates(head, updates), opt_state), None
-
-    (head, _), _ = jax.lax.scan(step, (head, optimizer.init(head)), jnp.arange(steps))
+    head, _ = train_on_server_batches(lambda h, fixed, batch, k: (surrogate.loss(variables, h, batch, k)[0], fixed),
+                                      head, (), draw=draw, arrays=arrays, key=key, steps=steps,
+                                      optimizer=optax.adam(learning_rate))
     return head
 
 
@@ -242,17 +235,6 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         return merge_variables(combine(c, anchors), mean_state, variables), FeddleState(atlas, head), metrics
 
     return Component("feddle", server_init=server_init, merge=merge)
-
-
-def sample_server_batch(batch_size: int) -> Callable[[Arrays, jax.Array], Arrays]:
-    """``batch_size`` rows of the server's data drawn without replacement (all of them when fewer)."""
-
-    def draw(arrays, key):
-        total = arrays["y"].shape[0]
-        rows = jax.random.choice(key, total, (min(batch_size, total),), replace=False)
-        return gather_batch(arrays, rows, jnp.ones(rows.shape, bool))
-
-    return draw
 
 
 def build(config, context) -> tuple[Component, ...]:

@@ -11,13 +11,12 @@ References:
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.components import Component, ServerView
+from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
 from fedjax_lab.engine.types import LossFn
 from fedjax_lab.engine.variables import merge_variables, split_variables
-from fedjax_lab.methods.feddle import sample_server_batch
 
 
 def server_finetune(loss_fn: LossFn, steps: int, learning_rate: float | jax.Array, batch_size: int) -> Component:
@@ -26,20 +25,11 @@ def server_finetune(loss_fn: LossFn, steps: int, learning_rate: float | jax.Arra
     draw = sample_server_batch(batch_size)
 
     def after_step(view: ServerView, variables):
-        optimizer = optax.adam(learning_rate)
         params, model_state = split_variables(variables)
-
-        def step(carry, s):
-            params, model_state, opt_state = carry
-            key = jax.random.fold_in(view.context.key, s)
-            batch = draw(view.context.server_arrays, key)
-            grads, model_state = jax.grad(
-                lambda p: loss_fn(merge_variables(p, model_state, variables), batch, key), has_aux=True)(params)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), model_state, opt_state), None
-
-        (params, model_state, _), _ = jax.lax.scan(step, (params, model_state, optimizer.init(params)),
-                                                   jnp.arange(steps))
+        params, model_state = train_on_server_batches(
+            lambda p, state, batch, key: loss_fn(merge_variables(p, state, variables), batch, key), params,
+            model_state, draw=draw, arrays=view.context.server_arrays, key=view.context.key, steps=steps,
+            optimizer=optax.adam(learning_rate))
         return (), merge_variables(params, model_state, variables), {}
 
     return Component("fedft", after_step=after_step)

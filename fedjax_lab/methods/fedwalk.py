@@ -31,7 +31,8 @@ import optax
 from fedjax_lab.engine import randomness
 from fedjax_lab.engine.aggregation import cohort_mask
 from fedjax_lab.engine.components import Component, component_key
-from fedjax_lab.engine.local_training import gather_batch, sample_client_batch
+from fedjax_lab.engine.local_training import sample_client_batch
+from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
 from fedjax_lab.engine.types import Algorithm, Arrays, Params, ServerState
 from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.models.surrogate import FeatureHeadTask
@@ -51,24 +52,14 @@ def leash_steps(leash: LeashTask, variables: Params, head: Params, arrays: Array
     without replacement; trains the model's trainable variables and the leash head together, carries the
     model state (BatchNorm statistics) the steps produce, and starts the optimiser afresh."""
     params, model_state = split_variables(variables)
-    total = arrays["y"].shape[0]
 
     def loss_of(trainable, model_state, batch, step_key):
         params, head = trainable
         return leash.loss(merge_variables(params, model_state, variables), head, batch, step_key)
 
-    def step(carry, s):
-        trainable, model_state, opt_state = carry
-        step_key = jax.random.fold_in(key, s)
-        rows = jax.random.choice(step_key, total, (min(batch_size, total),), replace=False)
-        batch = gather_batch(arrays, rows, jnp.ones(rows.shape, bool))
-        (_, model_state), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable, model_state, batch, step_key)
-        updates, opt_state = optimizer.update(grads, opt_state, trainable)
-        return (optax.apply_updates(trainable, updates), model_state, opt_state), None
-
-    trainable = (params, head)
-    (trainable, model_state, _), _ = jax.lax.scan(step, (trainable, model_state, optimizer.init(trainable)),
-                                                  jnp.arange(num_steps))
+    trainable, model_state = train_on_server_batches(loss_of, (params, head), model_state,
+                                                     draw=sample_server_batch(batch_size), arrays=arrays, key=key,
+                                                     steps=num_steps, optimizer=optimizer)
     return merge_variables(trainable[0], model_state, variables), trainable[1]
 
 
