@@ -470,7 +470,7 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
                "positions, which carry a different batch every round.")
     lines += ["## Batches a fixed order never sends", "", caption, "",
               "| run | never sent (%) | always sent (%) | seeds |", "|---|---|---|---|"]
-    for part, cases in (("svm", (1, 2, 3)), ("svm_lr", (1, 2, 3)), ("cnn", (1, 2, 3)), ("cifar", (3,))):
+    for part, cases in (("svm", (1, 2, 3)), ("svm_lr", (1, 2, 3)), ("cnn10", (3,)), ("cnn", (1, 2, 3)), ("cifar", (3,))):
         for case in cases:
             for method in ("bherd", "bherd_rr", "bherd_scaffold", "bherd_fednova"):
                 got = [e for seed in seeds if (e := exclusion(runs / f"{part}/case{case}/{method}/seed{seed}"))]
