@@ -97,23 +97,20 @@ def test_a_plugin_field_is_overridden_by_the_plugins_name(tmp_path):
     assert load_config(path, ["algorithm.plugins=[]"]).algorithm.plugins == ()
 
 
-def test_config_errors_load_no_jax_and_print_fast(tmp_path):
+def test_config_errors_load_no_jax(tmp_path):
+    """A bad config is refused before JAX is imported (what makes it take a fraction of a second: the time itself
+    is not asserted here; a hang is caught by the subprocess's timeout)."""
     import subprocess
     import sys
-    import time
 
     path = tmp_path / "c.yaml"
     path.write_text("dataset: {name: synthetic}\nmodel: {name: mlp}\nalgorithm: {name: fedavg}\n"
                     "client: {local_steps: 5}\n")
-    code = ("import sys, time; t = time.perf_counter(); from fedjax_lab.experiments.cli import main; "
+    code = ("import sys; from fedjax_lab.experiments.cli import main; "
             f"status = main(['run', {str(path)!r}, 'client.learning_rate=-1']); "
-            "print(status, 'jax' in sys.modules, time.perf_counter() - t)")
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    status, jax_loaded, seconds = out.stdout.split()
-    assert (status, jax_loaded) == ("2", "False"), out
-    # No JAX import is what makes it fast; the bound only catches a hang (a loaded CI VM took 2.6 s once).
-    assert float(seconds) < 5.0 and time.perf_counter() - start < 20
+            "print(status, 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out
     assert "client.learning_rate: Input should be greater than 0" in out.stderr
 
 
