@@ -24,12 +24,12 @@ def _with(section, **fields):
     (_with("client", learning_rate=float("inf")), "client.learning_rate: must be a finite number, got inf"),
     (_with("rounds", num_rounds=True), "rounds.num_rounds: expected a number or a name, got the boolean True"),
     (_with("algorithm", name="fedprox", temperature=0.5),
-     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of moon, feddf, fedcog, vhl); fedprox's fields:"),
+     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of fedcog, feddf, moon, vhl); fedprox's fields:"),
     (_with("algorithm", name="fedprox", mu=0.1, plugins=[{"name": "moon", "rho": 0.1}]),
      ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedasync, fedsam); moon's fields: mu, name, "
       "temperature")),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedavg"}]),
-     "algorithm.plugins.0.name: unknown name 'fedavg'; fedavg is a method but not a plug-in; allowed: 'fedprox'"),
+     "algorithm.plugins.0.name: unknown name 'fedavg'; fedavg is a method but not a plug-in; allowed: 'bherd'"),
     (_with("algorithm", name="fedprox", plugins=[{"name": "fedprox"}]),
      "algorithm.plugins: each method may appear once, got ['fedprox'] more than once"),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedwalk"}]),
@@ -204,13 +204,34 @@ def test_the_builder_names_no_method():
     assert methods <= {"fedjax_lab.methods.registry", "fedjax_lab.methods.server_optimizers"}, methods
 
 
+def test_each_method_is_a_folder_of_its_config_and_its_code():
+    """Every package under ``methods/`` holds its config (``__init__.py``, importing no more than pydantic and the
+    registry's mechanism) and its code (``method.py``, with ``build``), and registers what it holds."""
+    import ast
+
+    from fedjax_lab.methods import registry
+
+    folders = [p for p in (Path(__file__).resolve().parents[1] / "fedjax_lab" / "methods").iterdir()
+               if (p / "__init__.py").exists()]
+    assert len(folders) >= 24
+    registered = {spec.config.__module__.rsplit(".", 1)[-1] for spec in registry.REGISTRY.values()}
+    for folder in folders:
+        tree = ast.parse((folder / "__init__.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert imported <= {"__future__", "typing", "pydantic", "fedjax_lab.methods.registry"}, (folder, imported)
+        code = ast.parse((folder / "method.py").read_text())
+        assert "build" in {n.name for n in code.body if isinstance(n, ast.FunctionDef)}, folder
+        assert folder.name in registered, folder
+
+
 def test_no_method_factory_takes_more_than_six_positional_arguments():
     """Two swapped floats raise no error: past six arguments, a method's calls pass keywords."""
     import ast
 
     crowded = []
-    for path in sorted((Path(__file__).resolve().parents[1] / "fedjax_lab" / "methods").glob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "fedjax_lab" / "methods").glob("**/*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and len(node.args) > 6 and not isinstance(node.func, ast.Attribute):
-                crowded.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
+                crowded.append(f"{path.parent.name}/{path.name}:{node.lineno} {ast.unparse(node.func)}")
     assert not crowded, crowded

@@ -1,5 +1,6 @@
 """The examples in docs/extending.md run, and do what the text says."""
 
+import importlib
 import pathlib
 import re
 import sys
@@ -18,21 +19,25 @@ DOC = pathlib.Path(__file__).parent.parent / "docs" / "extending.md"
 
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
-    """The doc's code: blocks headed ``# file: NAME`` are written to an importable folder as NAME, the others run
-    in order in one namespace (the registration registers the doc's method; it is unregistered afterwards)."""
+    """The doc's code: blocks headed ``# file: PATH`` are written to an importable folder at PATH, and the method's
+    package is imported (which registers it; it is unregistered afterwards); the others run in order in one
+    namespace."""
     folder = tmp_path_factory.mktemp("doc_methods")
     sys.path.insert(0, str(folder))
     namespace = {}
     for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL):
         header = re.match(r"# file: (\S+)\n", block)
         if header:
+            (folder / header.group(1)).parent.mkdir(parents=True, exist_ok=True)
             (folder / header.group(1)).write_text(block)
         elif "walked =" not in block:  # the usage example needs a test's loss function: see _doc_namespace
             exec(block, namespace)  # noqa: S102 - the doc is the code under test
+    importlib.import_module("fedclip")
     yield namespace
     registry.REGISTRY.pop("fedclip", None)
     sys.path.remove(str(folder))
-    sys.modules.pop("fedclip", None)
+    for module in ("fedclip", "fedclip.method"):
+        sys.modules.pop(module, None)
 
 
 def _doc_namespace(namespace, loss_fn):
@@ -110,3 +115,14 @@ def test_a_field_the_docs_method_lacks_is_rejected_naming_it(doc):
 
     with pytest.raises(ConfigError, match="algorithm.mu: fedclip has no field 'mu' \\(it is a field of fedprox, moon\\)"):
         validate(_raw({"name": "fedclip", "mu": 0.1}))
+
+
+def test_the_docs_method_is_one_folder_whose_names_reach_its_code(doc):
+    """The registration found the builder in the folder's ``method.py``, and the package's names reach it."""
+    spec = registry.REGISTRY["fedclip"]
+    assert spec.builder == "fedclip.method:build"
+    fedclip = sys.modules["fedclip"]
+    assert fedclip.clipped_gradients is importlib.import_module("fedclip.method").clipped_gradients
+    assert fedclip.method.build is spec.load_builder()
+    with pytest.raises(AttributeError, match="clip_gradients"):
+        fedclip.clip_gradients  # noqa: B018 - a name neither file has
