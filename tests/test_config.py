@@ -225,6 +225,27 @@ def test_each_method_is_a_folder_of_its_config_and_its_code():
         assert folder.name in registered, folder
 
 
+def test_methods_draw_keys_from_named_streams_not_numbers():
+    """A method's randomness comes from ``randomness`` (``setup_key``, ``named_key``) or ``component_key``: no key
+    made from a literal seed (outside ``jax.eval_shape``, where it only gives shapes) and no bare number folded
+    into a context's or the run's key, whose collisions nothing would catch."""
+    import ast
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "fedjax_lab" / "methods").glob("*/method.py")):
+        tree = ast.parse(path.read_text())
+        shapes_only = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) ==
+                       "jax.eval_shape" for a in ast.walk(n)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or id(node) in shapes_only:
+                continue
+            name = ast.unparse(node.func)
+            if name == "jax.random.key" or (name == "jax.random.fold_in" and "context.key" in ast.unparse(
+                    node.args[0]) and isinstance(node.args[1], ast.Constant)):
+                found.append(f"{path.parent.name}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found
+
+
 def test_no_method_factory_takes_more_than_six_positional_arguments():
     """Two swapped floats raise no error: past six arguments, a method's calls pass keywords."""
     import ast

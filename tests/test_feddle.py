@@ -182,7 +182,7 @@ def test_the_probe_cosine_is_one_when_the_probe_is_the_search_loss_itself(tiny_d
     server = _inputs(tiny_data).server_arrays
     n = int(server["y"].shape[0])
     whole = {**server, "mask": jnp.ones((n,), jnp.float32)}  # batches of every row: the search's loss is fixed
-    probe = lambda variables: tiny_classifier.loss(variables, whole, jax.random.key(0))[0]
+    probe = lambda variables, key: tiny_classifier.loss(variables, whole, key)[0]
     component = coefficient_search(tiny_classifier.loss, sample_server_batch(n), 6, 3, 0.05, probe=probe)
     algorithm = fedavg(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), LocalSchedule(4, local_steps=3),
                        component, weighting="uniform")

@@ -1,5 +1,5 @@
-"""Data: the federated dataset container, sources (archives, image folders, tfds, Shakespeare, embedded synthetic
-sets), partitioners, server-side data and partition reports."""
+"""Data: the federated dataset container, sources (archives, image folders, tfds, Shakespeare, embedded
+synthetic sets), partitioners, server-side data and partition reports."""
 
 from fedjax_lab.data import partitions
 from fedjax_lab.data.federated import FederatedDataset, index_table
@@ -15,7 +15,7 @@ from fedjax_lab.data.sources import (
 from fedjax_lab.data.synthetic import fedprox_synthetic, gaussian_mixture
 
 __all__ = [
-    "CentralDataset", "FederatedDataset", "fedprox_synthetic", "gaussian_mixture", "index_table", "load_archive",
-    "load_image_folder", "load_local", "load_partition", "load_shakespeare", "partitions", "relabel_parity",
-    "save_partition", "write_partition_report",
+    "CentralDataset", "FederatedDataset", "fedprox_synthetic", "gaussian_mixture", "index_table",
+    "load_archive", "load_image_folder", "load_local", "load_partition", "load_shakespeare", "partitions",
+    "relabel_parity", "save_partition", "write_partition_report",
 ]

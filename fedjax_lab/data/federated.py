@@ -73,8 +73,10 @@ class FederatedDataset:
 
     @classmethod
     def from_clients(cls, name: str, clients: Sequence[tuple[np.ndarray, np.ndarray]],
-                     client_tests: Sequence[tuple[np.ndarray, np.ndarray]], num_classes: int) -> FederatedDataset:
-        """Pools per-client ``(x, y)`` train and test parts; the central test set is the union of the test parts."""
+                     client_tests: Sequence[tuple[np.ndarray, np.ndarray]],
+                     num_classes: int) -> FederatedDataset:
+        """Pools per-client ``(x, y)`` train and test parts; the central test set is the union of the test
+        parts."""
 
         def pool(parts):
             x = np.concatenate([p[0] for p in parts])
@@ -92,6 +94,6 @@ class FederatedDataset:
         """One line: clients, examples, and the spread of client sizes."""
         c = self.client_train_counts
         server = f", server {len(self.server['y'])} examples" if self.server is not None else ""
-        return (f"{self.name}: {self.num_clients} clients, {len(self.train['y'])} train / {len(self.test['y'])} test "
-                f"examples, {self.num_classes} classes, input {self.input_shape}, client size min {c.min()} "
-                f"median {int(np.median(c))} max {c.max()}{server}")
+        return (f"{self.name}: {self.num_clients} clients, {len(self.train['y'])} train / "
+                f"{len(self.test['y'])} test examples, {self.num_classes} classes, input {self.input_shape}, "
+                f"client size min {c.min()} median {int(np.median(c))} max {c.max()}{server}")

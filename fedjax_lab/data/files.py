@@ -42,7 +42,8 @@ def read_npz(path: str | Path, field: str, what: str, required: tuple[str, ...] 
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
-                raise DataFileError(f"{field}: {path} is a single .npy array, not {what} (an .npz file){_then(hint)}")
+                raise DataFileError(f"{field}: {path} is a single .npy array, not {what} "
+                                    f"(an .npz file){_then(hint)}")
             missing = [name for name in required if name not in archive.files]
             if missing:
                 raise DataFileError(f"{field}: {path} is not {what}: it lacks {', '.join(missing)} (it holds "
@@ -51,8 +52,8 @@ def read_npz(path: str | Path, field: str, what: str, required: tuple[str, ...] 
     except DataFileError:
         raise
     except _READ_ERRORS as exc:
-        raise DataFileError(f"{field}: {path} cannot be read as {what} ({_reason(exc)}); it may be truncated or "
-                            f"damaged{_then(hint)}") from None
+        raise DataFileError(f"{field}: {path} cannot be read as {what} ({_reason(exc)}); it may be "
+                            f"truncated or damaged{_then(hint)}") from None
 
 
 def read_json_gz(path: str | Path, field: str, what: str, hint: str = "") -> Any:
@@ -68,8 +69,8 @@ def read_json_gz(path: str | Path, field: str, what: str, hint: str = "") -> Any
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return json.load(f)
     except _READ_ERRORS as exc:
-        raise DataFileError(f"{field}: {path} cannot be read as {what} ({_reason(exc)}); it may be truncated or "
-                            f"damaged{_then(hint)}") from None
+        raise DataFileError(f"{field}: {path} cannot be read as {what} ({_reason(exc)}); it may be "
+                            f"truncated or damaged{_then(hint)}") from None
 
 
 def _reason(exc: BaseException) -> str:

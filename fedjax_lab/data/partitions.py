@@ -34,7 +34,8 @@ def _check_alpha(alpha: float) -> None:
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> ClientRows:
-    """A uniform random permutation cut into ``num_clients`` near-equal parts (sizes differ by at most one)."""
+    """A uniform random permutation cut into ``num_clients`` near-equal parts (sizes differ by at most
+    one)."""
     _check_clients(num_clients, len(labels))
     return [np.sort(part) for part in np.array_split(np.random.RandomState(seed).permutation(len(labels)),
                                                      num_clients)]
@@ -66,7 +67,8 @@ def dirichlet_label_skew(labels: np.ndarray, num_clients: int, alpha: float, see
             p = np.array([p_j * (len(rows_j) < n / num_clients) for p_j, rows_j in zip(p, client_rows)])
             p = p / p.sum()
             cuts = (np.cumsum(p) * len(rows_k)).astype(int)[:-1]
-            client_rows = [rows_j + part.tolist() for rows_j, part in zip(client_rows, np.split(rows_k, cuts))]
+            client_rows = [rows_j + part.tolist()
+                           for rows_j, part in zip(client_rows, np.split(rows_k, cuts))]
             smallest = min(len(rows_j) for rows_j in client_rows)
         if smallest >= min_size:
             out = []
@@ -77,8 +79,8 @@ def dirichlet_label_skew(labels: np.ndarray, num_clients: int, alpha: float, see
             return out
     raise PartitionError(
         f"dataset.partition: Dirichlet(alpha={alpha}) did not give each of {num_clients} clients >= "
-        f"min_size={min_size} rows in max_attempts={max_attempts} attempts; raise alpha, lower num_clients or "
-        "min_size, or raise max_attempts")
+        f"min_size={min_size} rows in max_attempts={max_attempts} attempts; raise alpha, "
+        "lower num_clients or min_size, or raise max_attempts")
 
 
 def dirichlet_client_mix(labels: np.ndarray, num_clients: int, alpha: float, seed: int, num_classes: int,
@@ -95,8 +97,8 @@ def dirichlet_client_mix(labels: np.ndarray, num_clients: int, alpha: float, see
     rng = np.random.RandomState(seed)
     size = client_size or len(labels) // num_clients
     if size * num_clients > len(labels):
-        raise PartitionError(f"dataset.partition.client_size * num_clients must be <= {len(labels)} rows, got "
-                             f"{size} * {num_clients}")
+        raise PartitionError(f"dataset.partition.client_size * num_clients must be <= {len(labels)} rows, "
+                             f"got {size} * {num_clients}")
     pools = []
     for k in range(num_classes):
         rows_k = np.where(labels == k)[0]
@@ -121,10 +123,10 @@ def dirichlet_client_mix(labels: np.ndarray, num_clients: int, alpha: float, see
 
 def classes_per_client(labels: np.ndarray, num_clients: int, classes: int, seed: int,
                        num_classes: int) -> ClientRows:
-    """NIID-Bench's ``noniid-#label{k}``: client i holds class ``i mod K`` plus ``classes - 1`` further distinct
-    random classes; each class's shuffled rows are split evenly (``array_split``) among its holders. Classes
-    that no client holds are left out. (NIID-Bench draws the extra classes with Python's ``random``; here
-    everything comes from one ``RandomState``.)"""
+    """NIID-Bench's ``noniid-#label{k}``: client i holds class ``i mod K`` plus ``classes - 1`` further
+    distinct random classes; each class's shuffled rows are split evenly (``array_split``) among its holders.
+    Classes that no client holds are left out. (NIID-Bench draws the extra classes with Python's ``random``;
+    here everything comes from one ``RandomState``.)"""
     _check_clients(num_clients, len(labels))
     if not 1 <= classes <= num_classes:
         raise PartitionError(f"dataset.partition.classes must be in [1, {num_classes}], got {classes}")
@@ -149,20 +151,21 @@ def classes_per_client(labels: np.ndarray, num_clients: int, classes: int, seed:
 
 def class_blocks(labels: np.ndarray, num_clients: int, classes: int, num_classes: int) -> ClientRows:
     """FedCOG's NIID-2 (its code's ``noniid-skew``), deterministic: the classes form ``C / classes`` blocks of
-    consecutive classes, client ``i`` holds block ``i mod (C / classes)``, and each class's rows, in dataset order,
-    are cut into equal contiguous pieces among the clients of its block. With 10 clients and 2 classes, clients 0
-    and 5 hold classes {0, 1}, each half of every row of those classes.
+    consecutive classes, client ``i`` holds block ``i mod (C / classes)``, and each class's rows, in dataset
+    order, are cut into equal contiguous pieces among the clients of its block. With 10 clients and 2 classes,
+    clients 0 and 5 hold classes {0, 1}, each half of every row of those classes.
 
     Raises:
       PartitionError: ``classes`` does not divide the classes, or the blocks do not divide the clients.
     """
     _check_clients(num_clients, len(labels))
     if not 1 <= classes <= num_classes or num_classes % classes:
-        raise PartitionError(f"dataset.partition.classes must divide the {num_classes} classes, got {classes}")
+        raise PartitionError(f"dataset.partition.classes must divide the {num_classes} classes, "
+                             f"got {classes}")
     blocks = num_classes // classes
     if num_clients % blocks:
-        raise PartitionError(f"class_blocks: {blocks} blocks of {classes} classes need dataset.partition.num_clients "
-                             f"to be a multiple of {blocks}, got {num_clients}")
+        raise PartitionError(f"class_blocks: {blocks} blocks of {classes} classes need "
+                             f"dataset.partition.num_clients to be a multiple of {blocks}, got {num_clients}")
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for k in range(num_classes):
         holders = [i for i in range(num_clients) if i % blocks == k // classes]
@@ -172,9 +175,9 @@ def class_blocks(labels: np.ndarray, num_clients: int, classes: int, num_classes
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int) -> ClientRows:
-    """FedAvg's pathological split: sort rows by label (stably), cut ``num_clients * shards_per_client`` shards
-    of ``N // (num_clients * shards_per_client)`` rows, and give each client that many random shards (the
-    remainder rows are unused). MNIST with 100 clients x 2 shards = 200 shards of 300."""
+    """FedAvg's pathological split: sort rows by label (stably), cut ``num_clients * shards_per_client``
+    shards of ``N // (num_clients * shards_per_client)`` rows, and give each client that many random shards
+    (the remainder rows are unused). MNIST with 100 clients x 2 shards = 200 shards of 300."""
     num_shards = num_clients * shards_per_client
     _check_clients(num_shards, len(labels))
     shard_size = len(labels) // num_shards
@@ -187,8 +190,8 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: i
 
 def quantity_skew(labels: np.ndarray, num_clients: int, alpha: float, seed: int, min_size: int = 10,
                   max_attempts: int = 100) -> ClientRows:
-    """NIID-Bench's ``iid-diff-quantity``: shuffle all rows, draw client proportions ``p ~ Dir(alpha 1_n)`` until
-    every client gets ``>= min_size`` rows, and cut at ``(cumsum(p) * N).astype(int)[:-1]``."""
+    """NIID-Bench's ``iid-diff-quantity``: shuffle all rows, draw client proportions ``p ~ Dir(alpha 1_n)``
+    until every client gets ``>= min_size`` rows, and cut at ``(cumsum(p) * N).astype(int)[:-1]``."""
     _check_alpha(alpha)
     _check_clients(num_clients, len(labels))
     rng = np.random.RandomState(seed)
@@ -203,7 +206,8 @@ def quantity_skew(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
 
 def feature_noise_levels(num_clients: int, noise: float) -> np.ndarray:
     """NIID-Bench's feature skew: client i's inputs get Gaussian noise with std ``noise * i / (n - 1)`` (on
-    inputs scaled to [0, 1]); combine with :func:`iid`. Applied per step in training (fresh noise each read)."""
+    inputs scaled to [0, 1]); combine with :func:`iid`. Applied per step in training (fresh noise each
+    read)."""
     if noise < 0:
         raise PartitionError(f"dataset.partition.noise must be >= 0, got {noise}")
     return noise * np.arange(num_clients) / max(num_clients - 1, 1)
@@ -247,8 +251,8 @@ def bherd_case(labels: np.ndarray, num_clients: int, case: int, num_classes: int
         first = np.flatnonzero(labels < half_classes)
         for i in range(half_clients):
             parts[i].append(first[i::half_clients])
-        _class_to_clients(labels, list(range(half_classes, num_classes)), list(range(half_clients, num_clients)),
-                          num_classes, parts)
+        _class_to_clients(labels, list(range(half_classes, num_classes)),
+                          list(range(half_clients, num_clients)), num_classes, parts)
     empty = [i for i, p in enumerate(parts) if not p]
     if empty:
         raise PartitionError(f"dataset.partition: BHerd case {case} leaves clients {empty} empty with "

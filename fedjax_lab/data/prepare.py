@@ -1,9 +1,10 @@
-"""Building the offline archives (``fedjax-lab data prepare NAME``) from the datasets' official distribution files,
-downloaded where there is internet or read from a local copy, each verified by its published MD5.
+"""Building the offline archives (``fedjax-lab data prepare NAME``) from the datasets' official distribution
+files, downloaded where there is internet or read from a local copy, each verified by its published MD5.
 
 The archives are those :func:`fedjax_lab.data.sources.load_local` reads (``<data_dir>/mnist/mnist.npz``,
-``<data_dir>/cifar10/cifar10_webp_lossless.npz``, ...): the official order and train/test split, uint8 images (MNIST
-and Fashion-MNIST as arrays, CIFAR as lossless WebP, decoded bit for bit), the official labels and class names.
+``<data_dir>/cifar10/cifar10_webp_lossless.npz``, ...): the official order and train/test split, uint8 images
+(MNIST and Fashion-MNIST as arrays, CIFAR as lossless WebP, decoded bit for bit), the official labels and
+class names.
 """
 
 from __future__ import annotations
@@ -68,17 +69,20 @@ def _mnist_like(names: tuple[str, ...]) -> Callable[[dict[str, Path]], dict[str,
 
 
 class _ArraysOnly(pickle.Unpickler):
-    """Unpickles the CIFAR batches (dicts of bytes, lists and NumPy arrays) and nothing else: a pickle naming any
-    other callable is refused instead of run."""
+    """Unpickles the CIFAR batches (dicts of bytes, lists and NumPy arrays) and nothing else: a pickle naming
+    any other callable is refused instead of run."""
 
-    ALLOWED = frozenset({("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ALLOWED = frozenset({("numpy.core.multiarray", "_reconstruct"),
+                         ("numpy._core.multiarray", "_reconstruct"),
                          ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
                          ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")})  # bytes, in protocol 2
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
-            raise DataFileError(f"a CIFAR batch may hold only arrays, lists and bytes; this one names {module}.{name}")
-        for where in (module.replace("numpy.core.", "numpy._core."), module.replace("numpy._core.", "numpy.core.")):
+            raise DataFileError(f"a CIFAR batch may hold only arrays, lists and bytes; this one names "
+                                f"{module}.{name}")
+        for where in (module.replace("numpy.core.", "numpy._core."),
+                      module.replace("numpy._core.", "numpy.core.")):
             try:  # NumPy 2 moved numpy.core to numpy._core; a batch may name either
                 return super().find_class(where, name)
             except (ImportError, AttributeError):
@@ -124,15 +128,19 @@ def _cifar100(files: dict[str, Path]) -> dict[str, np.ndarray]:
 
 
 OFFICIAL: dict[str, Official] = {
-    "mnist": Official(dict(zip(IDX_FILES, ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432",
-                                           "9fb629c4189551a2d022fa330f9573f3", "ec29112dd5afa0611ce80d1b7f02629c"))),
+    "mnist": Official(dict(zip(IDX_FILES, ("f68b3c2dcbeaaa9fbdd348bbdeb94873",
+                                           "d53e105ee54ea40749a09fcbcd1e9432",
+                                           "9fb629c4189551a2d022fa330f9573f3",
+                                           "ec29112dd5afa0611ce80d1b7f02629c"))),
                       MNIST_URL, _mnist_like(tuple(str(d) for d in range(10)))),
-    "fashion_mnist": Official(dict(zip(IDX_FILES, ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe",
+    "fashion_mnist": Official(dict(zip(IDX_FILES, ("8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+                                                   "25c81989df183df01b3e8a0aad5dffbe",
                                                    "bef4ecab320f06d8554ea6380940ec79",
                                                    "bb300cfdad3c16e7a12a480ee83cd310"))),
                               FASHION_URL, _mnist_like(FASHION_NAMES)),
     "cifar10": Official({"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"}, CIFAR_URL, _cifar10),
-    "cifar100": Official({"cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"}, CIFAR_URL, _cifar100),
+    "cifar100": Official({"cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"}, CIFAR_URL,
+                         _cifar100),
 }
 
 
@@ -144,12 +152,14 @@ def md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def official_files(name: str, source: Path | None, downloads: Path, *, progress: bool = True) -> dict[str, Path]:
-    """The official files of ``name``, verified by MD5: read from ``source`` (a folder holding them, or the one
-    file itself), else downloaded into ``downloads``.
+def official_files(name: str, source: Path | None, downloads: Path, *,
+                   progress: bool = True) -> dict[str, Path]:
+    """The official files of ``name``, verified by MD5: read from ``source`` (a folder holding them, or the
+    one file itself), else downloaded into ``downloads``.
 
     Raises:
-      DataFileError: a file is missing from ``source``, cannot be downloaded, or its MD5 is not the published one.
+      DataFileError: a file is missing from ``source``, cannot be downloaded, or its MD5 is not the published
+        one.
     """
     official, found = OFFICIAL[name], {}
     for file, expected in official.files.items():
@@ -163,8 +173,8 @@ def official_files(name: str, source: Path | None, downloads: Path, *, progress:
             if not path.is_file() or md5(path) != expected:
                 _download(official.url + file, path, progress)
         if (got := md5(path)) != expected:
-            raise DataFileError(f"{path}: MD5 {got}, but the official {file} has {expected}; the file is damaged or "
-                                "another version: fetch it again")
+            raise DataFileError(f"{path}: MD5 {got}, but the official {file} has {expected}; the file is "
+                                "damaged or another version: fetch it again")
         found[file] = path
     return found
 
@@ -183,8 +193,8 @@ def _download(url: str, path: Path, progress: bool) -> None:
                 bar.update(len(chunk))
     except OSError as exc:  # URLError, timeouts and refused connections are OSErrors
         partial.unlink(missing_ok=True)
-        raise DataFileError(f"cannot download {url} ({exc}); with no internet, copy the official files to a folder "
-                            "and pass it as --from") from None
+        raise DataFileError(f"cannot download {url} ({exc}); with no internet, copy the official files to a "
+                            "folder and pass it as --from") from None
     partial.replace(path)
 
 
@@ -205,8 +215,9 @@ def encode_webp(images: np.ndarray, progress: bool = True) -> tuple[np.ndarray, 
 
 def prepare(name: str, source: str | Path | None = None, data_dir: str | Path | None = None, *,
             progress: bool = True) -> Path:
-    """Builds the archive of ``name`` in ``data_dir`` (default :func:`default_data_dir`) from its official files
-    (``source``: a local copy; default: download them into ``<data_dir>/<name>/downloads``); returns its path.
+    """Builds the archive of ``name`` in ``data_dir`` (default :func:`default_data_dir`) from its official
+    files (``source``: a local copy; default: download them into ``<data_dir>/<name>/downloads``); returns its
+    path.
 
     Raises:
       DataFileError: the files cannot be had, or are not the official ones.
@@ -216,11 +227,13 @@ def prepare(name: str, source: str | Path | None = None, data_dir: str | Path | 
         raise ValueError(f"data prepare: no official files known for {name!r}; known: {', '.join(OFFICIAL)} "
                          "(others through dataset.source=tfds)")
     data_dir = Path(data_dir or default_data_dir())
-    files = official_files(name, Path(source) if source else None, data_dir / name / "downloads", progress=progress)
+    files = official_files(name, Path(source) if source else None, data_dir / name / "downloads",
+                           progress=progress)
     arrays = OFFICIAL[name].build(files)
     if LOCAL_FILES[name].endswith("_webp_lossless.npz"):
         for split in ("train", "test"):
-            arrays[f"x_{split}_webp"], arrays[f"x_{split}_offsets"] = encode_webp(arrays.pop(f"x_{split}"), progress)
+            arrays[f"x_{split}_webp"], arrays[f"x_{split}_offsets"] = encode_webp(arrays.pop(f"x_{split}"),
+                                                                                  progress)
     out = data_dir / LOCAL_FILES[name]
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.stem + ".part.npz")

@@ -45,19 +45,20 @@ def counts_table(counts: np.ndarray, class_names: tuple[str, ...] | None = None,
              for i, row in enumerate(counts[:max_rows])]
     if len(counts) > max_rows:
         lines.append(f"| ... {len(counts) - max_rows} more | " + " | " * k)
-    lines.append("| **all** | " + " | ".join(str(int(c)) for c in counts.sum(0)) + f" | {int(counts.sum())} |")
+    lines.append("| **all** | " + " | ".join(str(int(c)) for c in counts.sum(0))
+                 + f" | {int(counts.sum())} |")
     sizes = counts.sum(1)
     classes_held = (counts > 0).sum(1)
-    summary = (f"\n{len(counts)} clients; size min {sizes.min()} median {int(np.median(sizes))} max {sizes.max()}; "
-               f"classes per client min {classes_held.min()} median {int(np.median(classes_held))} "
-               f"max {classes_held.max()}\n")
+    summary = (f"\n{len(counts)} clients; size min {sizes.min()} median {int(np.median(sizes))} "
+               f"max {sizes.max()}; classes per client min {classes_held.min()} "
+               f"median {int(np.median(classes_held))} max {classes_held.max()}\n")
     return "\n".join([head] + lines) + "\n" + summary
 
 
 def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clients: int = 100,
                 class_names: list[str] | None = None) -> None:
-    """Saves a stacked bar chart of per-client class counts (one bar per client, one colour per class, named in
-    the legend as in ``partition.md``)."""
+    """Saves a stacked bar chart of per-client class counts (one bar per client, one colour per class, named
+    in the legend as in ``partition.md``)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -65,7 +66,8 @@ def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clien
     counts = counts[:max_clients]
     k = counts.shape[1]
     names = list(class_names or [str(i) for i in range(k)])
-    figure = Figure(figsize=(min(max(6, len(counts) * 0.12), 16) + (1.5 if k <= 20 else 0), 4), layout="constrained")
+    figure = Figure(figsize=(min(max(6, len(counts) * 0.12), 16) + (1.5 if k <= 20 else 0), 4),
+                    layout="constrained")
     ax = figure.subplots()
     bottom = np.zeros(len(counts))
     colours = colormaps["tab20" if k > 10 else "tab10"]
@@ -77,14 +79,15 @@ def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_clien
     ax.set_ylabel("training examples")
     ax.set_title(title + shown, fontsize=10)
     if k <= 20:
-        ax.legend(title="class", ncol=1 if k <= 10 else 2, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+        ax.legend(title="class", ncol=1 if k <= 10 else 2, fontsize=7, bbox_to_anchor=(1.01, 1),
+                  loc="upper left")
     figure.savefig(path, dpi=110)
 
 
 def write_partition_report(dataset, out_dir: str | Path, meta: dict | None = None) -> str:
-    """Writes ``partition.npz`` (reloadable with ``dataset.partition.file``), ``partition.md`` (class-count table)
-    and ``partition.png`` for a :class:`~fedjax_lab.data.FederatedDataset` with one label per example; returns
-    the table. Sequence datasets get only ``partition.npz``."""
+    """Writes ``partition.npz`` (reloadable with ``dataset.partition.file``), ``partition.md`` (class-count
+    table) and ``partition.png`` for a :class:`~fedjax_lab.data.FederatedDataset` with one label per example;
+    returns the table. Sequence datasets get only ``partition.npz``."""
     out_dir = Path(out_dir)
     rows = [dataset.client_train_ids[k, :n] for k, n in enumerate(dataset.client_train_counts)]
     save_partition(out_dir / "partition.npz", rows, {"dataset": dataset.name, **(meta or {})})

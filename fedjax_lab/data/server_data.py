@@ -32,8 +32,8 @@ def carve_in_domain(labels: np.ndarray, size: int, seed: int, stratified: bool =
 
 def withhold_classes(labels: np.ndarray, classes: list[int], size: int, seed: int) -> tuple[np.ndarray,
                                                                                             np.ndarray]:
-    """``(server_rows, client_rows)``: up to ``size`` random rows of ``classes`` for the server; clients get only
-    the rows of the other classes."""
+    """``(server_rows, client_rows)``: up to ``size`` random rows of ``classes`` for the server; clients get
+    only the rows of the other classes."""
     held = np.isin(labels, classes)
     if not held.any() or held.all():
         raise PartitionError(f"server_data.classes must name some but not all classes, got {classes}")

@@ -1,5 +1,5 @@
-"""Federated Shakespeare (LEAF, as packaged by TensorFlow Federated): one client per speaking role, next-character
-prediction.
+"""Federated Shakespeare (LEAF, as packaged by TensorFlow Federated): one client per speaking role,
+next-character prediction.
 
 Preprocessing follows TFF and FedJAX: characters map to ids ``1..86`` over TFF's 86-character vocabulary
 (0 is padding, then out-of-vocabulary, beginning and end of snippet: 90 ids in all). Each snippet becomes
@@ -48,9 +48,10 @@ def load_shakespeare(data_dir: str | Path | None = None, sequence_length: int = 
     """
     path = Path(data_dir or default_data_dir()) / "shakespeare" / "shakespeare_tff.json.gz"
     what = "the Shakespeare archive ({'train': {role: [snippets]}, 'test': ...})"
-    raw = read_json_gz(path, "dataset.data_dir", what, "set dataset.data_dir or $FEDJAX_LAB_DATA to the folder "
-                                                         "holding shakespeare/shakespeare_tff.json.gz")
-    if not (isinstance(raw, dict) and isinstance(raw.get("train"), dict) and isinstance(raw.get("test"), dict)):
+    raw = read_json_gz(path, "dataset.data_dir", what, "set dataset.data_dir or $FEDJAX_LAB_DATA to the "
+                                                         "folder holding shakespeare/shakespeare_tff.json.gz")
+    if not (isinstance(raw, dict) and isinstance(raw.get("train"), dict)
+            and isinstance(raw.get("test"), dict)):
         raise DataFileError(f"dataset.data_dir: {path} is not {what}")
     train_parts, test_parts = [], []
     for client_id in sorted(raw["train"]):
@@ -71,4 +72,5 @@ def load_shakespeare(data_dir: str | Path | None = None, sequence_length: int = 
 
     train, train_ids, train_counts = pool(train_parts)
     test, test_ids, test_counts = pool(test_parts)
-    return FederatedDataset("shakespeare", train, test, train_ids, train_counts, VOCAB_SIZE, test_ids, test_counts)
+    return FederatedDataset("shakespeare", train, test, train_ids, train_counts, VOCAB_SIZE, test_ids,
+                            test_counts)

@@ -5,7 +5,8 @@ partitioner (:mod:`.partitions`) then deals its training rows to clients. Named 
 tensorflow-datasets are in :mod:`.tfds_source`.
 
 Where the files are: ``data_dir`` if given, else ``$FEDJAX_LAB_DATA``, else ``shared/data`` beside the
-repository (the layout of an offline checkout: ``mnist/mnist.npz``, ``cifar10/cifar10_webp_lossless.npz``, ...).
+repository (the layout of an offline checkout: ``mnist/mnist.npz``, ``cifar10/cifar10_webp_lossless.npz``,
+...).
 """
 
 from __future__ import annotations
@@ -72,26 +73,29 @@ def local_archive(name: str, data_dir: str | Path | None = None) -> Path:
       FileNotFoundError: the archive is not in ``data_dir`` (the message says where it was looked for).
     """
     if name not in LOCAL_FILES:
-        raise ValueError(f"dataset.name: no local archive for {name!r}; local datasets: {sorted(LOCAL_FILES)} "
-                         "(others through dataset.source=tfds)")
+        raise ValueError(f"dataset.name: no local archive for {name!r}; local datasets: "
+                         f"{sorted(LOCAL_FILES)} (others through dataset.source=tfds)")
     path = Path(data_dir or default_data_dir()) / LOCAL_FILES[name]
     if not path.is_file():
-        raise FileNotFoundError(f"dataset.data_dir: {name} archive not found at {path}; set dataset.data_dir or "
-                                "$FEDJAX_LAB_DATA to the folder holding "
+        raise FileNotFoundError(f"dataset.data_dir: {name} archive not found at {path}; set "
+                                "dataset.data_dir or $FEDJAX_LAB_DATA to the folder holding "
                                 f"{LOCAL_FILES[name]}, or use dataset.source=tfds")
     return path
 
 
 def decode_webp(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Decodes concatenated lossless WebP images (``blob[offsets[i]:offsets[i+1]]``) to ``uint8 [N, H, W, 3]``."""
+    """Decodes concatenated lossless WebP images (``blob[offsets[i]:offsets[i+1]]``) to
+    ``uint8 [N, H, W, 3]``."""
     from PIL import Image
 
-    return np.stack([np.asarray(Image.open(io.BytesIO(blob[offsets[i]:offsets[i + 1]].tobytes())).convert("RGB"))
+    return np.stack([np.asarray(Image.open(io.BytesIO(blob[offsets[i]:offsets[i + 1]].tobytes()))
+                                .convert("RGB"))
                      for i in range(len(offsets) - 1)])
 
 
 def _cached_decode(path: Path, archive) -> dict[str, np.ndarray]:
-    """The decoded images of a WebP archive, decoded once and cached as ``.npy`` keyed by the file's digest."""
+    """The decoded images of a WebP archive, decoded once and cached as ``.npy`` keyed by the file's
+    digest."""
     stat = path.stat()
     digest = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = cache_dir() / f"{path.stem}-{digest}"
@@ -102,7 +106,8 @@ def _cached_decode(path: Path, archive) -> dict[str, np.ndarray]:
             folder.mkdir(parents=True, exist_ok=True)
             try:
                 images = decode_webp(archive[f"x_{split}_webp"], archive[f"x_{split}_offsets"])
-            except (OSError, ValueError, SyntaxError, IndexError) as exc:  # Pillow's errors for a damaged image
+            except (OSError, ValueError, SyntaxError, IndexError) as exc:
+                # Pillow's errors for a damaged image
                 raise DataFileError(f"dataset.data_dir: the {split} images of {path} cannot be decoded "
                                     f"({type(exc).__name__}: {exc}); fetch it again (docs/data.md)") from None
             # A private temporary name per writer: several runs may decode the same archive at once, and a
@@ -120,8 +125,8 @@ def _cached_decode(path: Path, archive) -> dict[str, np.ndarray]:
 
 
 def load_archive(path: str | Path, name: str | None = None, labels: str = "fine") -> CentralDataset:
-    """Loads an archive in the format of ``shared/data``: an ``.npz`` of ``uint8`` arrays (``x_train``, ...) or
-    of lossless WebP images (``x_train_webp`` + offsets, decoded once and cached; see :func:`cache_dir`).
+    """Loads an archive in the format of ``shared/data``: an ``.npz`` of ``uint8`` arrays (``x_train``, ...)
+    or of lossless WebP images (``x_train_webp`` + offsets, decoded once and cached; see :func:`cache_dir`).
 
     Args:
       path: the ``.npz`` file.
@@ -133,12 +138,13 @@ def load_archive(path: str | Path, name: str | None = None, labels: str = "fine"
     hint = "fetch it again (docs/data.md)"
     archive = read_npz(path, "dataset.data_dir", what, ("y_train", "y_test", "label_names"), hint)
     webp = "x_train_webp" in archive
-    images_needed = ("x_train_webp", "x_train_offsets", "x_test_webp", "x_test_offsets") if webp else ("x_train",
-                                                                                                     "x_test")
+    images_needed = (("x_train_webp", "x_train_offsets", "x_test_webp", "x_test_offsets") if webp
+                     else ("x_train", "x_test"))
     missing = [k for k in images_needed if k not in archive]
     if missing:
         raise DataFileError(f"dataset.data_dir: {path} is not {what}: it lacks {', '.join(missing)}; {hint}")
-    images = _cached_decode(path, archive) if webp else {"train": archive["x_train"], "test": archive["x_test"]}
+    images = (_cached_decode(path, archive) if webp
+              else {"train": archive["x_train"], "test": archive["x_test"]})
     suffix = "_coarse" if labels == "coarse" else ""
     if f"y_train{suffix}" not in archive:
         raise ValueError(f"dataset.labels: {path.name} has no {labels!r} labels")
@@ -167,7 +173,8 @@ def load_image_folder(root: str | Path, name: str | None = None) -> CentralDatas
     from PIL import Image
 
     root = Path(root)
-    classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir()) if (root / "train").is_dir() else []
+    classes = (sorted(p.name for p in (root / "train").iterdir() if p.is_dir()) if (root / "train").is_dir()
+               else [])
     if not classes:
         raise FileNotFoundError(f"dataset.data_dir: expected class folders in {root / 'train'}")
     splits = {}
@@ -175,7 +182,8 @@ def load_image_folder(root: str | Path, name: str | None = None) -> CentralDatas
         files, labels = [], []
         for folder in sorted(p for p in (root / split).glob("*") if p.is_dir()):
             if folder.name not in classes:
-                raise ValueError(f"dataset.data_dir: class {folder.name!r} of {split} is not a class of train")
+                raise ValueError(f"dataset.data_dir: class {folder.name!r} of {split} "
+                                 "is not a class of train")
             found = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
             files += found
             labels += [classes.index(folder.name)] * len(found)
@@ -184,7 +192,8 @@ def load_image_folder(root: str | Path, name: str | None = None) -> CentralDatas
         images = [np.asarray(Image.open(f)) for f in files]
         shapes = {im.shape for im in images}
         if len(shapes) > 1:
-            raise ValueError(f"dataset.data_dir: images in {root / split} differ in size: {sorted(shapes)[:4]}")
+            raise ValueError(f"dataset.data_dir: images in {root / split} differ in size: "
+                             f"{sorted(shapes)[:4]}")
         x = np.stack(images)
         splits[split] = {"x": x[..., None] if x.ndim == 3 else x, "y": np.asarray(labels, np.int32)}
     return CentralDataset(name or root.name, splits["train"], splits["test"], len(classes), tuple(classes))

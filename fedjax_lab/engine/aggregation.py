@@ -39,7 +39,8 @@ def cohort_weights(cohort: Cohort, weighting: Weighting) -> jax.Array:
 
 
 def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
-    """``sum_k w_k x_k / sum_k w_k`` over the leading (cohort) axis of every leaf; zero when every weight is."""
+    """``sum_k w_k x_k / sum_k w_k`` over the leading (cohort) axis of every leaf; zero when every weight
+    is."""
     total = jnp.sum(weights)
     total = jnp.where(total > 0, total, 1.0)
     return jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1) / total, stacked)

@@ -2,12 +2,12 @@
 
 Each round ``r``, in this order:
 
-1. **dispatch**: up to ``m`` clients are drawn uniformly from the idle ones (a client whose job is in flight is
-   never drawn); fewer when fewer are idle or the store is full, the rest masked;
+1. **dispatch**: up to ``m`` clients are drawn uniformly from the idle ones (a client whose job is in flight
+   is never drawn); fewer when fewer are idle or the store is full, the rest masked;
 2. **train**: each dispatched client trains from ``w^r``, exactly as in the synchronous round (same keys), and
    its message, with a delay ``tau`` drawn from the :class:`DelayModel`, goes into the in-flight store;
-3. **arrive**: every job with ``dispatch_round + tau == r`` arrives (``tau = 0``: in the round it was sent), in
-   the order (dispatch round, position in its cohort), with staleness ``r - dispatch_round = tau``;
+3. **arrive**: every job with ``dispatch_round + tau == r`` arrives (``tau = 0``: in the round it was sent),
+   in the order (dispatch round, position in its cohort), with staleness ``r - dispatch_round = tau``;
 4. **server**: with ``buffer_size`` unset the server steps once on the round's arrivals (none: no step);
    with ``buffer_size = B`` each arrival joins a buffer and the server steps on it each time it holds ``B``
    messages, possibly several times in a round (FedBuff); a partial buffer waits for later rounds.
@@ -84,13 +84,16 @@ class DelayModel:
             delays = jnp.full(shape, self.rounds, jnp.int32)
         else:
             draw = jnp.abs(self.sigma * jax.random.normal(key, shape))
-            delays = {"round": jnp.round, "floor": jnp.floor, "ceil": jnp.ceil}[self.rounding](draw).astype(jnp.int32)
+            delays = {"round": jnp.round, "floor": jnp.floor,
+                      "ceil": jnp.ceil}[self.rounding](draw).astype(jnp.int32)
         return jnp.minimum(delays, self.cap)
 
 
-def store_capacity(num_clients: int, cohort_size: int, delay: DelayModel, max_in_flight: int | None = None) -> int:
-    """``P``: the in-flight store's slots, ``min(N, m (cap + 1), max_in_flight)``. Jobs of the last ``cap`` rounds
-    and this round's are the most that can be in flight at once, and no more than ``N`` clients can be busy."""
+def store_capacity(num_clients: int, cohort_size: int, delay: DelayModel,
+                   max_in_flight: int | None = None) -> int:
+    """``P``: the in-flight store's slots, ``min(N, m (cap + 1), max_in_flight)``. Jobs of the last ``cap``
+    rounds and this round's are the most that can be in flight at once, and no more than ``N`` clients can be
+    busy."""
     bound = min(num_clients, cohort_size * (delay.cap + 1))
     return bound if max_in_flight is None else min(bound, max_in_flight)
 
@@ -136,8 +139,8 @@ def init_async_state(message_shapes: PyTree, capacity: int, buffer_size: int | N
                      ints(capacity), ints(capacity), jnp.zeros((capacity,), bool))
     buffer = None
     if buffer_size is not None:
-        buffer = Buffer(_zeros(message_shapes, buffer_size), ints(buffer_size), ints(buffer_size), ints(buffer_size),
-                        jnp.zeros((), jnp.int32))
+        buffer = Buffer(_zeros(message_shapes, buffer_size), ints(buffer_size), ints(buffer_size),
+                        ints(buffer_size), jnp.zeros((), jnp.int32))
     return AsyncState(store, buffer)
 
 
@@ -147,8 +150,9 @@ def message_bytes(message_shapes: PyTree) -> int:
 
 
 def store_bytes(message_shapes: PyTree, capacity: int, buffer_size: int | None) -> int:
-    """Bytes the asynchronous round needs: ``capacity`` messages in flight, and ``buffer_size`` buffered or, without
-    a buffer, one more copy of the store (the arrivals, the rest zeroed) while the server steps on it."""
+    """Bytes the asynchronous round needs: ``capacity`` messages in flight, and ``buffer_size`` buffered or,
+    without a buffer, one more copy of the store (the arrivals, the rest zeroed) while the server steps on
+    it."""
     return message_bytes(message_shapes) * (capacity + (buffer_size or capacity))
 
 
@@ -158,19 +162,21 @@ def check_store_memory(message_shapes: PyTree, capacity: int, buffer_size: int |
     need = store_bytes(message_shapes, capacity, buffer_size)
     if need > budget:
         per = message_bytes(message_shapes)
-        raise ValueError(f"the asynchronous round's in-flight store needs {need / 2**30:.2f} GiB ({capacity} jobs + "
-                         f"{buffer_size or capacity} more, {per / 2**20:.1f} MiB a message), more than the "
-                         f"{budget / 2**30:.2f} GiB budget (half the device's memory); lower asynchrony.max_delay or "
-                         f"asynchrony.max_in_flight (or rounds.clients_per_round)")
+        raise ValueError(f"the asynchronous round's in-flight store needs {need / 2**30:.2f} GiB ({capacity} "
+                         f"jobs + {buffer_size or capacity} more, {per / 2**20:.1f} MiB a message), more "
+                         f"than the {budget / 2**30:.2f} GiB budget (half the device's memory); lower "
+                         f"asynchrony.max_delay or asynchrony.max_in_flight (or rounds.clients_per_round)")
 
 
-def sample_idle(key: jax.Array, busy: jax.Array, cohort_size: int, room: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Up to ``cohort_size`` distinct clients drawn uniformly from those not ``busy``, at most ``room`` of them.
+def sample_idle(key: jax.Array, busy: jax.Array, cohort_size: int,
+                room: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Up to ``cohort_size`` distinct clients drawn uniformly from those not ``busy``, at most ``room`` of
+    them.
 
     Returns ``(ids, dispatched)``: int32 ``[m]`` ids, the dispatched ones first and sorted (padded with busy
     clients, masked), and the bool mask. With no client busy and room for all, ``ids`` equals
-    :func:`~fedjax_lab.engine.sampling.sample_cohort` of the same key: the asynchronous round with zero delay is
-    the synchronous round.
+    :func:`~fedjax_lab.engine.sampling.sample_cohort` of the same key: the asynchronous round with zero delay
+    is the synchronous round.
     """
     num_clients = busy.shape[0]
     perm = (jnp.arange(num_clients) if cohort_size == num_clients
@@ -194,7 +200,8 @@ def _insert(store: InFlight, dispatched: jax.Array, messages: PyTree, ids: jax.A
     slots = jnp.where(dispatched, slots, capacity)  # out of range: dropped
     put = lambda a, rows: a.at[slots].set(rows, mode="drop")
     return InFlight(jax.tree.map(put, store.messages, messages), put(store.client_id, ids),
-                    put(store.num_examples, num_examples), put(store.dispatch_round, jnp.full((m,), round_index)),
+                    put(store.num_examples, num_examples),
+                    put(store.dispatch_round, jnp.full((m,), round_index)),
                     put(store.arrival_round, round_index + delays), put(store.position, jnp.arange(m)),
                     put(store.occupied, jnp.ones((m,), bool)))
 
@@ -206,8 +213,8 @@ def _skip_metrics(step, *args):
 
 
 def arrival_order(store: InFlight, arrived: jax.Array, cohort_size: int) -> jax.Array:
-    """The store's slots with the round's arrivals first, in arrival order (dispatch round, then position in its
-    cohort), then the other slots."""
+    """The store's slots with the round's arrivals first, in arrival order (dispatch round, then position in
+    its cohort), then the other slots."""
     rank = store.dispatch_round * cohort_size + store.position
     return jnp.argsort(jnp.where(arrived, rank, jnp.iinfo(jnp.int32).max), stable=True)
 
@@ -251,13 +258,15 @@ def _drain_into_buffer(algorithm: Algorithm, server_state: PyTree, buffer: Buffe
             mask = from_buffer.reshape((-1,) + (1,) * (in_buffer.ndim - 1))
             return jnp.where(mask, in_buffer[b], in_store[slot])
 
-        return Buffer(jax.tree.map(pick, buffer.messages, store.messages), pick(buffer.client_id, store.client_id),
-                      pick(buffer.num_examples, store.num_examples), pick(buffer.staleness, staleness), buffer.fill)
+        return Buffer(jax.tree.map(pick, buffer.messages, store.messages),
+                      pick(buffer.client_id, store.client_id), pick(buffer.num_examples, store.num_examples),
+                      pick(buffer.staleness, staleness), buffer.fill)
 
     def step(s, j):
         b = gather(j * size)
         cohort = Cohort(b.client_id, b.num_examples, None, b.staleness)
-        return algorithm.server_update(s, b.messages, cohort, context._replace(key=jax.random.fold_in(context.key, j)))
+        return algorithm.server_update(s, b.messages, cohort,
+                                       context._replace(key=jax.random.fold_in(context.key, j)))
 
     zero_metrics = _skip_metrics(step, server_state, jnp.zeros((), jnp.int32))
 
@@ -301,8 +310,8 @@ def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
                             inputs.server_arrays, plan.num_clients)
     if buffer is None:
-        server_state, server_metrics = _step_on_arrivals(algorithm, state.server_state, store, arrived, staleness,
-                                                         context, m)
+        server_state, server_metrics = _step_on_arrivals(algorithm, state.server_state, store, arrived,
+                                                         staleness, context, m)
         flushes = jnp.any(arrived).astype(jnp.int32)
     else:
         server_state, buffer, server_metrics, flushes = _drain_into_buffer(
@@ -313,8 +322,8 @@ def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
     metrics.update(server_metrics)
     num_arrivals = jnp.sum(arrived)
     metrics.update({
-        "dispatched": jnp.sum(dispatched), "not_dispatched": m - jnp.sum(dispatched), "arrivals": num_arrivals,
-        "in_flight": jnp.sum(store.occupied), "server_steps": flushes,
+        "dispatched": jnp.sum(dispatched), "not_dispatched": m - jnp.sum(dispatched),
+        "arrivals": num_arrivals, "in_flight": jnp.sum(store.occupied), "server_steps": flushes,
         "staleness_mean": jnp.sum(staleness) / jnp.maximum(num_arrivals, 1),
         "staleness_max": jnp.max(staleness),
         "staleness_counts": jnp.zeros((plan.delay.cap + 1,), jnp.int32).at[staleness].add(arrived),

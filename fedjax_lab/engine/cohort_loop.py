@@ -3,8 +3,8 @@
 Three ways to bound or spread the work, which compose and never change a result beyond float tolerance:
 
 * ``chunk_size``: clients trained at once; the rest wait in a ``lax.map`` / ``lax.scan`` over chunks.
-* ``reduce``: instead of stacking every client's message ``[m, |params|]``, each chunk's messages are reduced to
-  their sums as the chunk finishes and added to a running total (streaming aggregation).
+* ``reduce``: instead of stacking every client's message ``[m, |params|]``, each chunk's messages are reduced
+  to their sums as the chunk finishes and added to a running total (streaming aggregation).
 * ``mesh``: the cohort is split over the mesh's ``clients`` axis with ``jax.shard_map``; each device runs its
   share (chunked as above), per-client outputs stay sharded by client, and the sums are added across devices
   with ``psum`` (the aggregation collective). Everything the client function closes over (the server state,
@@ -88,5 +88,5 @@ def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
     if reduce is not None:
         num_outputs = len(jax.eval_shape(lambda *s: _map_local(fn, None, reduce, s), *stacked))
         specs = (P(), *[P(CLIENTS)] * (num_outputs - 1))
-    return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(CLIENTS) for _ in stacked), out_specs=specs, axis_names={CLIENTS},
-                         check_vma=False)(*stacked)
+    return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(CLIENTS) for _ in stacked), out_specs=specs,
+                         axis_names={CLIENTS}, check_vma=False)(*stacked)

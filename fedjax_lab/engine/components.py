@@ -12,13 +12,12 @@ and nothing else, and owns the state it needs:
 
 FedProx is a loss term; SCAFFOLD a gradient correction, a message part and a server step on the control
 variates; FedNova a message part and an aggregate. Components compose by listing them
-(``fedavg(..., proximal(0.01), control_variates())`` is SCAFFOLD + FedProx); each keeps its state under its own
-name: ``client_state[name]``, ``server_state.components[name]``, ``messages[name]``.
+(``fedavg(..., proximal(0.01), control_variates())`` is SCAFFOLD + FedProx); each keeps its state under its
+own name: ``client_state[name]``, ``server_state.components[name]``, ``messages[name]``.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -26,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lab.engine import randomness
 from fedjax_lab.engine.local_training import GradFn, LocalHooks, LocalStats, LossTerm, StepRecord
 from fedjax_lab.engine.types import Arrays, ClientData, Cohort, Metrics, Params, PyTree, ServerContext
 
@@ -77,8 +77,9 @@ class ServerView(NamedTuple):
       context: key, round, server data and population size.
       global_variables: the model before this round's server step.
       sums: the cohort's sums of the messages: ``sums['delta']`` (``sum_k w_k Delta_k``), ``sums['weight']``
-        (``sum_k w_k``) and ``sums[name]`` for each component with a ``sums`` hook. When the engine streamed the
-        round (:class:`~fedjax_lab.engine.types.Reduced`), these are all there is and ``messages`` is ``None``.
+        (``sum_k w_k``) and ``sums[name]`` for each component with a ``sums`` hook. When the engine streamed
+        the round (:class:`~fedjax_lab.engine.types.Reduced`), these are all there is and ``messages`` is
+        ``None``.
     """
 
     state: PyTree
@@ -111,10 +112,10 @@ class Component(NamedTuple):
         value is ``LocalStats.running[name]``, and each step's batch holds its value before the step as
         ``batch['running'][name]``.
       finish: ``(view, LocalResult) -> (message_part, new_state)``; a message part of ``None`` sends nothing.
-      send: ``(view, LocalResult) -> (delta, message_part)``: what the client sends as ``messages['delta']`` in
-        place of its model delta (BHerd's herded sum of steps), and this component's message part (``None``:
-        none, or ``finish``'s); every ``finish`` still sees the real delta, and every server hook sees the sent
-        one. At most one component may set it.
+      send: ``(view, LocalResult) -> (delta, message_part)``: what the client sends as ``messages['delta']``
+        in place of its model delta (BHerd's herded sum of steps), and this component's message part
+        (``None``: none, or ``finish``'s); every ``finish`` still sees the real delta, and every server hook
+        sees the sent one. At most one component may set it.
       needs_unit_step: ``finish`` reads ``result.stats.unit_step``.
 
     Server side:
@@ -125,13 +126,14 @@ class Component(NamedTuple):
       aggregate: ``(view: ServerView, mean_delta) -> (mean_delta, metrics)``, applied in order to the weighted
         mean of the deltas before the server optimiser steps on it.
       after_step: ``(view, new_variables) -> (state, new_variables, metrics)`` after the server optimiser.
-      reported: ``(state, global_variables) -> variables`` that evaluation reports in place of the global model
-        (FedExP's average of the last two iterates); training never reads it. At most one component may set it.
+      reported: ``(state, global_variables) -> variables`` that evaluation reports in place of the global
+        model (FedExP's average of the last two iterates); training never reads it. At most one component may
+        set it.
       sums: ``(messages, weights, cohort) -> pytree``: the sums over a stack of clients that this component's
         server hooks read (as ``view.sums[name]``), additive over any split of the cohort (SCAFFOLD's control
-        sum). A component whose server hooks read only these, and ``view.sums['delta']``, lets the round stream
-        its messages (bounded memory, :mod:`fedjax_lab.engine.cohort_loop`); one with server hooks and no
-        ``sums`` reads the stacked ``view.messages``, and the round keeps them.
+        sum). A component whose server hooks read only these, and ``view.sums['delta']``, lets the round
+        stream its messages (bounded memory, :mod:`fedjax_lab.engine.cohort_loop`); one with server hooks and
+        no ``sums`` reads the stacked ``view.messages``, and the round keeps them.
     """
 
     name: str
@@ -145,7 +147,8 @@ class Component(NamedTuple):
     grad_fn: Callable[[ClientView, GradFn], GradFn] | None = None
     batch: Callable[[ClientView], Callable[[Arrays, jax.Array, jax.Array], Arrays]] | None = None
     step_output: Callable[[ClientView, StepRecord], PyTree] | None = None
-    running: Callable[[ClientView], tuple[Callable[[], PyTree], Callable[[PyTree, StepRecord], PyTree]]] | None = None
+    running: Callable[[ClientView], tuple[Callable[[], PyTree],
+                                          Callable[[PyTree, StepRecord], PyTree]]] | None = None
     finish: Callable[[ClientView, LocalResult], tuple[PyTree | None, PyTree]] | None = None
     send: Callable[[ClientView, LocalResult], tuple[Params, PyTree | None]] | None = None
     needs_unit_step: bool = False
@@ -163,18 +166,19 @@ def reads_only_sums(c: Component) -> bool:
 
 
 def check_components(components: Sequence[Component]) -> None:
-    """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function or what
-    the client sends (which do not compose)."""
+    """Raises ``ValueError`` on repeated names, or on two components that replace the gradient function or
+    what the client sends (which do not compose)."""
     for c in components:
         if not isinstance(c, Component):
-            raise TypeError(f"components must be Component records, got {type(c).__name__} {c!r} (options such as "
-                            "weighting are keyword arguments)")
+            raise TypeError(f"components must be Component records, got {type(c).__name__} {c!r} (options "
+                            "such as weighting are keyword arguments)")
     names = [c.name for c in components]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"components must have distinct names; repeated: {repeated}")
     if "delta" in names:
-        raise ValueError("'delta' is the name of the model delta in every message; choose another component name")
+        raise ValueError("'delta' is the name of the model delta in every message; "
+                         "choose another component name")
     grad_fns = [c.name for c in components if c.grad_fn is not None]
     if len(grad_fns) > 1:
         raise ValueError(f"at most one component may replace the gradient function, got {grad_fns}")
@@ -184,8 +188,8 @@ def check_components(components: Sequence[Component]) -> None:
     owners = {c.name for c in components if c.client_init is not None and c.shares_state_of is None}
     for c in components:
         if c.shares_state_of is not None and c.shares_state_of not in owners:
-            raise ValueError(f"component {c.name!r} shares the client state of {c.shares_state_of!r}, which is not "
-                             f"a component with client state here (those: {sorted(owners)})")
+            raise ValueError(f"component {c.name!r} shares the client state of {c.shares_state_of!r}, which "
+                             f"is not a component with client state here (those: {sorted(owners)})")
     mergers = [c.name for c in components if c.merge is not None]
     if len(mergers) > 1:
         raise ValueError(f"at most one component may replace how the server merges the deltas, got {mergers}")
@@ -196,17 +200,19 @@ def check_components(components: Sequence[Component]) -> None:
 
 def component_key(key: jax.Array, name: str) -> jax.Array:
     """A key of ``key``'s stream reserved for the component ``name`` (a stable hash of the name)."""
-    return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+    return randomness.named_key(key, name)
 
 
 def client_views(components: Sequence[Component], global_variables: Params, server_states: dict[str, Any],
                  client_states: dict[str, Any], client: ClientData, arrays: Arrays, key: jax.Array,
                  learning_rate: jax.Array) -> list[ClientView]:
-    """Each component's :class:`ClientView` of this client's round, with what its ``prepare`` hook computed."""
+    """Each component's :class:`ClientView` of this client's round, with what its ``prepare`` hook
+    computed."""
     views = [ClientView(global_variables, server_states.get(c.name, ()),
                         client_states.get(c.shares_state_of or c.name, ()), client, arrays,
                         component_key(key, c.name), learning_rate) for c in components]
-    return [v._replace(prepared=c.prepare(v)) if c.prepare is not None else v for c, v in zip(components, views)]
+    return [v._replace(prepared=c.prepare(v)) if c.prepare is not None else v
+            for c, v in zip(components, views)]
 
 
 def client_class_counts(view: ClientView, num_classes: int) -> jax.Array:
@@ -239,7 +245,8 @@ def local_hooks(components: Sequence[Component], views: Sequence[ClientView]) ->
         update=optax.chain(*updates) if updates else None,
         grad_fn=(lambda fn, c=grad_fns[0][0], v=grad_fns[0][1]: c.grad_fn(v, fn)) if grad_fns else None,
         batch=batch if batches else None,
-        step_output=(lambda record: {c.name: c.step_output(v, record) for c, v in outputs}) if outputs else None,
+        step_output=((lambda record: {c.name: c.step_output(v, record) for c, v in outputs})
+                     if outputs else None),
         running=((lambda: {name: init() for name, (init, _) in running},
                   lambda carry, record: {name: fold(carry[name], record) for name, (_, fold) in running})
                  if running else None),

@@ -1,20 +1,20 @@
 """Gradient dissimilarity across clients at the global model, split into the model's lower and upper parts
 (FedImpro's Theorem 4.2 and its measured claim), for every method.
 
-At an evaluation, chosen clients each take one step of their method's local update from the current global model
-on ``examples`` of their rows, with plain SGD at rate 1 (no momentum, no weight decay): the step is minus the
-gradient of the method's objective there (its loss terms included; SCAFFOLD's correction and FedReg's
-projection included too, being part of the direction its clients follow). With ``p_m`` the clients' size weights
-and ``g = sum_m p_m g_m``, for each part of the trainable parameters (those the model uses up to stage ``split``,
-and the rest):
+At an evaluation, chosen clients each take one step of their method's local update from the current global
+model on ``examples`` of their rows, with plain SGD at rate 1 (no momentum, no weight decay): the step is
+minus the gradient of the method's objective there (its loss terms included; SCAFFOLD's correction and
+FedReg's projection included too, being part of the direction its clients follow). With ``p_m`` the clients'
+size weights and ``g = sum_m p_m g_m``, for each part of the trainable parameters (those the model uses up to
+stage ``split``, and the rest):
 
 * ``gradient_dissimilarity_{lower,upper}``: ``sum_m p_m ||g_m - g||^2`` over that part;
 * ``gradient_dissimilarity_{lower,upper}_relative``: the same divided by ``||g||^2``.
 
 With a *counterfactual* the same clients take the same step a second time at the same global model with some
-hyper-parameters changed (FedImpro's sampled-feature weight set to 0, say), and the metrics come back again with
-the suffix ``_counterfactual``: the two objectives compared at the same parameters, where two runs would compare
-them along two trajectories.
+hyper-parameters changed (FedImpro's sampled-feature weight set to 0, say), and the metrics come back again
+with the suffix ``_counterfactual``: the two objectives compared at the same parameters, where two runs would
+compare them along two trajectories.
 
 Nothing is aggregated and the loop state does not change.
 """
@@ -49,8 +49,9 @@ def dissimilarity(gradients: Params, weights: jax.Array, mask: Params) -> dict[s
     (``lower``) and the others (``upper``), absolute and relative to the weighted mean's squared norm."""
     p = weights / jnp.sum(weights)
     mean = jax.tree.map(lambda g: jnp.tensordot(p, g, 1), gradients)
-    spread = jax.tree.map(lambda g, m: jnp.tensordot(p, jnp.sum(jnp.square(g - m[None]).reshape(g.shape[0], -1),
-                                                                  -1), 1), gradients, mean)
+    spread = jax.tree.map(
+        lambda g, m: jnp.tensordot(p, jnp.sum(jnp.square(g - m[None]).reshape(g.shape[0], -1), -1), 1),
+        gradients, mean)
     norm = jax.tree.map(lambda m: jnp.sum(jnp.square(m)), mean)
     out = {}
     for part, keep in (("lower", True), ("upper", False)):
@@ -65,12 +66,12 @@ class DissimilarityEvaluator:
     """Measures :func:`dissimilarity` of the clients ``client_ids`` (see the module docstring).
 
     Args:
-      probe_at: ``(inputs, round) -> Algorithm``: the run's method with one SGD step at rate 1 on a batch of the
-        probe's size as its local training.
+      probe_at: ``(inputs, round) -> Algorithm``: the run's method with one SGD step at rate 1 on a batch of
+        the probe's size as its local training.
       mask: :func:`lower_mask` of the model's trainable parameters.
       client_ids: the clients measured; ``chunk_size``: clients at once.
-      counterfactual_at: like ``probe_at``, with the counterfactual's hyper-parameters; its metrics are reported
-        with the suffix ``_counterfactual``.
+      counterfactual_at: like ``probe_at``, with the counterfactual's hyper-parameters; its metrics are
+        reported with the suffix ``_counterfactual``.
     """
 
     def __init__(self, probe_at: Callable, mask: Params, client_ids, chunk_size: int | None = None,
@@ -91,9 +92,11 @@ class DissimilarityEvaluator:
             keys = jax.vmap(lambda i: randomness.client_key(inputs.key, state.round, i))(ids)
 
             def client_fn(client_state, client, key):
-                return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
+                return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays,
+                                               key)
 
-            messages, _, _ = map_cohort(client_fn, chunk_size, tree_take(state.client_states, ids), clients, keys)
+            messages, _, _ = map_cohort(client_fn, chunk_size, tree_take(state.client_states, ids), clients,
+                                        keys)
             gradients = jax.tree.map(jnp.negative, split_variables(messages["delta"])[0])
             weights = clients.num_examples.astype(jnp.float32)
             return dissimilarity(gradients, weights, mask)

@@ -17,14 +17,14 @@ from fedjax_lab.engine.tree_math import tree_squared_norm
 from fedjax_lab.engine.types import Arrays, Params
 
 ExampleMetricsFn = Callable[[Params, Arrays], tuple[jax.Array, jax.Array, jax.Array]]
-"""``example_metrics(params, batch) -> (loss, correct, count)``, each ``[B]``: per example the summed loss, the
-number of correct predictions and the number of labels counted (1 per example for classification, the real
+"""``example_metrics(params, batch) -> (loss, correct, count)``, each ``[B]``: per example the summed loss,
+the number of correct predictions and the number of labels counted (1 per example for classification, the real
 tokens for sequences; 0 for masked rows)."""
 
 
 def pad_to_batches(arrays: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """Pads every array to a multiple of ``batch_size`` rows and reshapes to ``[num_batches, batch_size, ...]``;
-    adds ``'mask'`` marking the real rows."""
+    """Pads every array to a multiple of ``batch_size`` rows and reshapes to
+    ``[num_batches, batch_size, ...]``; adds ``'mask'`` marking the real rows."""
     n = len(next(iter(arrays.values())))
     num_batches = max(-(-n // batch_size), 1)
     pad = num_batches * batch_size - n
@@ -85,9 +85,11 @@ class Evaluator:
 @jax.jit
 def client_spread(correct: jax.Array, count: jax.Array, example_ids: jax.Array,
                   num_examples: jax.Array) -> dict[str, jax.Array]:
-    """Summary of per-client accuracy: each client's accuracy is its correct labels over its counted labels."""
+    """Summary of per-client accuracy: each client's accuracy is its correct labels over its counted
+    labels."""
     mask = jnp.arange(example_ids.shape[1])[None, :] < num_examples[:, None]
-    acc = jnp.sum(correct[example_ids] * mask, axis=1) / jnp.maximum(jnp.sum(count[example_ids] * mask, axis=1), 1)
+    acc = (jnp.sum(correct[example_ids] * mask, axis=1)
+           / jnp.maximum(jnp.sum(count[example_ids] * mask, axis=1), 1))
     return {"client_accuracy_mean": jnp.mean(acc), "client_accuracy_std": jnp.std(acc),
             "client_accuracy_min": jnp.min(acc), "client_accuracy_p10": jnp.percentile(acc, 10),
             "client_accuracy_max": jnp.max(acc)}

@@ -5,13 +5,13 @@ keys the next round would give them, and their local models (global model plus t
 evaluated on the test set:
 
 * ``local_accuracy``: their mean accuracy on the test set ("generalisation");
-* ``local_personalized_accuracy``: their mean accuracy with the test set reweighted by each client's own class mix,
-  ``sum_c pi_kc correct_kc / sum_c pi_kc total_c`` (FedCOG's personalised accuracy, Table 9; the FedAvg+FT of
-  personalised FL);
-* ``local_to_global_distance``: the mean L2 distance of each local model to their size-weighted mean, the model
-  those clients would aggregate to (FedCOG's Fig. 2; FedImpro's weight divergence, Fig. 2b), and, for a model
-  split into a lower and an upper part, ``local_to_global_distance_{lower,upper}`` over each part's trainable
-  parameters (FedImpro's Fig. 3).
+* ``local_personalized_accuracy``: their mean accuracy with the test set reweighted by each client's own class
+  mix, ``sum_c pi_kc correct_kc / sum_c pi_kc total_c`` (FedCOG's personalised accuracy, Table 9; the
+  FedAvg+FT of personalised FL);
+* ``local_to_global_distance``: the mean L2 distance of each local model to their size-weighted mean, the
+  model those clients would aggregate to (FedCOG's Fig. 2; FedImpro's weight divergence, Fig. 2b), and, for a
+  model split into a lower and an upper part, ``local_to_global_distance_{lower,upper}`` over each part's
+  trainable parameters (FedImpro's Fig. 3).
 
 Nothing is aggregated and the loop state does not change.
 """
@@ -35,8 +35,8 @@ from fedjax_lab.engine.variables import split_variables
 
 def local_models(algorithm: Algorithm, state: LoopState, inputs: RoundInputs, ids: jax.Array,
                  chunk_size: int | None = None) -> Params:
-    """The clients ``ids``' local models after one round of the method's local training from the current global
-    model, stacked ``[len(ids), ...]``: the global model plus the delta each sends."""
+    """The clients ``ids``' local models after one round of the method's local training from the current
+    global model, stacked ``[len(ids), ...]``: the global model plus the delta each sends."""
     r = state.round
     clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
                          jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
@@ -46,15 +46,16 @@ def local_models(algorithm: Algorithm, state: LoopState, inputs: RoundInputs, id
         return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
 
     messages, _, _ = map_cohort(client_fn, chunk_size, tree_take(state.client_states, ids), clients, keys)
-    return jax.tree.map(lambda w, d: w[None] + d, algorithm.model_params(state.server_state), messages["delta"])
+    return jax.tree.map(lambda w, d: w[None] + d, algorithm.model_params(state.server_state),
+                        messages["delta"])
 
 
 def personalized_accuracy(correct_by_class: jax.Array, count_by_class: jax.Array,
                           proportions: jax.Array) -> jax.Array:
-    """``sum_c pi_c correct_c / sum_c pi_c total_c`` for each row: a model's test accuracy with each class weighted
-    by a client's share of it."""
-    return jnp.sum(proportions * correct_by_class, -1) / jnp.maximum(jnp.sum(proportions * count_by_class, -1),
-                                                                     1e-30)
+    """``sum_c pi_c correct_c / sum_c pi_c total_c`` for each row: a model's test accuracy with each class
+    weighted by a client's share of it."""
+    return (jnp.sum(proportions * correct_by_class, -1)
+            / jnp.maximum(jnp.sum(proportions * count_by_class, -1), 1e-30))
 
 
 class LocalEvaluator:
@@ -75,7 +76,8 @@ class LocalEvaluator:
                  chunk_size: int | None = None, lower: Params | None = None):
         batches = jax.device_put(pad_to_batches(test, batch_size))
         labels = batches["y"].reshape(-1)
-        proportions = jnp.asarray(client_class_counts / np.maximum(client_class_counts.sum(1, keepdims=True), 1))
+        proportions = jnp.asarray(client_class_counts
+                                  / np.maximum(client_class_counts.sum(1, keepdims=True), 1))
         ids = jnp.asarray(client_ids, jnp.int32)
 
         def evaluate(state: LoopState, inputs: RoundInputs) -> dict[str, jax.Array]:
@@ -93,12 +95,14 @@ class LocalEvaluator:
             squares = jax.tree.map(lambda m, c: jnp.sum(jnp.square(m - c[None]).reshape(m.shape[0], -1), 1),
                                    models, center)
             out = {"local_accuracy": jnp.mean(jnp.sum(correct, 1) / jnp.maximum(jnp.sum(count, 1), 1.0)),
-                   "local_personalized_accuracy": jnp.mean(personalized_accuracy(correct, count, proportions)),
+                   "local_personalized_accuracy": jnp.mean(personalized_accuracy(correct, count,
+                                                                                 proportions)),
                    "local_to_global_distance": jnp.mean(jnp.sqrt(sum(jax.tree.leaves(squares))))}
             if lower is not None:
                 trainable = split_variables(squares)[0]
                 for part, keep in (("lower", True), ("upper", False)):
-                    parts = [v for v, k in zip(jax.tree.leaves(trainable), jax.tree.leaves(lower)) if k == keep]
+                    parts = [v for v, k in zip(jax.tree.leaves(trainable), jax.tree.leaves(lower))
+                             if k == keep]
                     out[f"local_to_global_distance_{part}"] = jnp.mean(jnp.sqrt(sum(parts)))
             return out
 

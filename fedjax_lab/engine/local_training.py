@@ -47,8 +47,10 @@ class LocalSchedule:
       min_examples: the smallest client in the population; bounds how many epochs a client can pass through
         under ``local_steps`` (so how many permutations are drawn). 1 is always safe, only slower.
       unroll: ``lax.scan`` unroll factor of the step loop (speed only, never results).
-      drop_remainder: epochs of ``floor(n_k / B)`` full batches instead of ``ceil(n_k / B)`` with a partial last one.
-      reshuffle: a fresh permutation every epoch of every round (default), or one fixed order for the whole run.
+      drop_remainder: epochs of ``floor(n_k / B)`` full batches instead of ``ceil(n_k / B)`` with a partial
+        last one.
+      reshuffle: a fresh permutation every epoch of every round (default), or one fixed order for the whole
+        run.
     """
 
     batch_size: int
@@ -78,8 +80,8 @@ class LocalSchedule:
         return jnp.maximum((num_examples + rounding) // self.batch_size, 1)
 
     def max_steps(self, max_examples: int) -> int:
-        """The most steps any client holding at most ``max_examples`` examples takes (the length of the stacked
-        per-step outputs)."""
+        """The most steps any client holding at most ``max_examples`` examples takes (the length of the
+        stacked per-step outputs)."""
         if self.local_steps is not None:
             return self.local_steps
         return self.local_epochs * self.batches_per_epoch(max_examples)
@@ -106,12 +108,13 @@ class LocalStats(NamedTuple):
       mean_loss: the mean training objective (loss terms included) over the client's steps.
       num_steps: ``K_k``, the steps the client took.
       unit_step: how far the client optimiser moved a parameter whose gradient was 1 at every step, i.e.
-        ``eta * a_k``: ``K eta`` for SGD, ``eta [K - rho (1 - rho^K) / (1 - rho)] / (1 - rho)`` with heavy-ball
-        momentum ``rho`` (FedNova's ``a_k``), about ``K eta`` for Adam. SCAFFOLD and FedNova normalise by it, so
-        they follow whatever optimiser the clients run. Measured only when ``LocalHooks.unit_step`` asks
-        for it (NaN otherwise).
-      step_outputs: what the hooks' ``step_output`` returned at each step, stacked ``[max_steps, ...]`` (rows past
-        ``num_steps`` are zeros, ``max_steps`` is :meth:`LocalSchedule.max_steps`); ``()`` without such hooks.
+        ``eta * a_k``: ``K eta`` for SGD, ``eta [K - rho (1 - rho^K) / (1 - rho)] / (1 - rho)`` with
+        heavy-ball momentum ``rho`` (FedNova's ``a_k``), about ``K eta`` for Adam. SCAFFOLD and FedNova
+        normalise by it, so they follow whatever optimiser the clients run. Measured only when
+        ``LocalHooks.unit_step`` asks for it (NaN otherwise).
+      step_outputs: what the hooks' ``step_output`` returned at each step, stacked ``[max_steps, ...]`` (rows
+        past ``num_steps`` are zeros, ``max_steps`` is :meth:`LocalSchedule.max_steps`); ``()`` without such
+        hooks.
       running: the final value of the ``running`` hook's carry; ``()`` without one.
     """
 
@@ -123,10 +126,10 @@ class LocalStats(NamedTuple):
 
 
 class StepRecord(NamedTuple):
-    """One local step as a ``step_output`` or ``running`` hook sees it: the step index, the trainable parameters
-    before the step, the batch, its objective and gradient (after the ``gradient`` hooks), whether the step is
-    real, and the update it applies to the parameters (after the optimiser and the ``update`` hooks: ``-eta g``
-    for plain SGD)."""
+    """One local step as a ``step_output`` or ``running`` hook sees it: the step index, the trainable
+    parameters before the step, the batch, its objective and gradient (after the ``gradient`` hooks), whether
+    the step is real, and the update it applies to the parameters (after the optimiser and the ``update``
+    hooks: ``-eta g`` for plain SGD)."""
 
     step: jax.Array
     params: Params
@@ -141,8 +144,8 @@ GradFn = Callable[..., tuple[tuple[jax.Array, Any], Params]]
 """``grad_fn(params, model_state, batch, key) -> ((loss, model_state), grads)``."""
 
 LossTerm = Callable[[Params, Arrays, Forward], jax.Array]
-"""``term(variables, batch, forward) -> scalar`` added to the client's objective (FedProx's proximal term, MOON's
-contrastive term); ``forward`` is the task's forward pass of the same batch."""
+"""``term(variables, batch, forward) -> scalar`` added to the client's objective (FedProx's proximal term,
+MOON's contrastive term); ``forward`` is the task's forward pass of the same batch."""
 
 
 class LocalHooks(NamedTuple):
@@ -164,9 +167,10 @@ class LocalHooks(NamedTuple):
       running: ``(init, fold)``: a value carried through the steps, ``init() -> carry`` and
         ``fold(carry, record) -> carry`` at each real step (an online statistic in O(1) steps of memory, as
         GraB's balancing); its final value is :attr:`LocalStats.running`. Each step's batch holds the carry
-        before the step under ``'running'``, for the batch hooks and loss terms (FedImpro samples features from
-        the client's running statistics).
-      unit_step: measure :attr:`LocalStats.unit_step` (a scalar shadow of the optimiser, stepped with the model).
+        before the step under ``'running'``, for the batch hooks and loss terms (FedImpro samples features
+        from the client's running statistics).
+      unit_step: measure :attr:`LocalStats.unit_step` (a scalar shadow of the optimiser, stepped with the
+        model).
     """
 
     loss_terms: tuple[LossTerm, ...] = ()
@@ -180,7 +184,8 @@ class LocalHooks(NamedTuple):
     unit_step: bool = False
 
 
-def epoch_permutations(key: jax.Array, num_examples: jax.Array, max_examples: int, num_epochs: int) -> jax.Array:
+def epoch_permutations(key: jax.Array, num_examples: jax.Array, max_examples: int,
+                       num_epochs: int) -> jax.Array:
     """``[num_epochs, max_examples]`` int32: row e is a uniform permutation of ``range(n_k)`` followed by the
     padding slots, drawn from ``fold_in(key, e)``."""
     slots = jnp.arange(max_examples)
@@ -209,7 +214,8 @@ def gather_batch(arrays: Arrays, example_ids: jax.Array, mask: jax.Array) -> dic
     return batch
 
 
-def sample_client_batch(client: ClientData, arrays: Arrays, key: jax.Array, size: int) -> dict[str, jax.Array]:
+def sample_client_batch(client: ClientData, arrays: Arrays, key: jax.Array,
+                        size: int) -> dict[str, jax.Array]:
     """``min(size, n_k)`` of the client's examples drawn without replacement, as one masked batch of
     ``min(size, max_examples)`` rows."""
     max_examples = client.example_ids.shape[-1]
@@ -233,8 +239,9 @@ def objective(forward_fn: ForwardFn, hooks: LocalHooks) -> Callable:
 
 
 def unit_step_tracker(optimizer: optax.GradientTransformation):
-    """``(init, step)`` of a scalar shadow parameter that ``optimizer`` moves with a gradient of 1 at every step
-    (its parameter stays 0, so weight decay does not act on it); ``-position`` is :attr:`LocalStats.unit_step`."""
+    """``(init, step)`` of a scalar shadow parameter that ``optimizer`` moves with a gradient of 1 at every
+    step (its parameter stays 0, so weight decay does not act on it); ``-position`` is
+    :attr:`LocalStats.unit_step`."""
 
     def init():
         return jnp.zeros((), jnp.float32), optimizer.init(jnp.zeros((), jnp.float32))
@@ -269,21 +276,21 @@ def train_locally(
     :class:`LocalStats`.
 
     ``task`` is a ``LossFn`` ``(variables, batch, key) -> (loss, model_state)``, or an object with a
-    ``forward(variables, batch, key, with_features) -> Forward`` method (a :class:`~fedjax_lab.models.Classifier`),
-    which loss terms on the representation need. Batches are ``{'x', 'y', 'mask'}``; masked-out rows must not
-    contribute (see the module docstring). ``hooks`` change the objective, the gradient, the update, the batches,
-    and what each step reports (:class:`LocalHooks`).
+    ``forward(variables, batch, key, with_features) -> Forward`` method (a
+    :class:`~fedjax_lab.models.Classifier`), which loss terms on the representation need. Batches are
+    ``{'x', 'y', 'mask'}``; masked-out rows must not contribute (see the module docstring). ``hooks`` change
+    the objective, the gradient, the update, the batches, and what each step reports (:class:`LocalHooks`).
 
-    The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts fresh
-    every round; model state such as BatchNorm statistics follows what the loss returns.
+    The optimiser trains the trainable part of ``variables`` (see :mod:`.variables`) and its state starts
+    fresh every round; model state such as BatchNorm statistics follows what the loss returns.
     """
     hooks = hooks or LocalHooks()
     max_examples = client.example_ids.shape[-1]
     if schedule.reshuffle:
         order_key = jax.random.fold_in(key, Purpose.SHUFFLE)
     elif client.data_key is None:
-        raise ValueError("a fixed batch order (reshuffle=False) needs ClientData.data_key, the client's key for the "
-                         "whole run (run_round sets it)")
+        raise ValueError("a fixed batch order (reshuffle=False) needs ClientData.data_key, the client's key "
+                         "for the whole run (run_round sets it)")
     else:
         order_key = jax.random.fold_in(client.data_key, Purpose.SHUFFLE)
     permutations = epoch_permutations(order_key, client.num_examples, max_examples, schedule.num_epochs())
@@ -298,7 +305,8 @@ def train_locally(
     if hooks.grad_fn is not None:
         grad_fn = hooks.grad_fn(grad_fn)
     full_optimizer = optax.chain(*[t for t in (hooks.gradient, optimizer, hooks.update) if t is not None])
-    tracker_init, tracker_step = unit_step_tracker(optimizer) if hooks.unit_step else (lambda: (), lambda t: t)
+    tracker_init, tracker_step = (unit_step_tracker(optimizer) if hooks.unit_step
+                                  else (lambda: (), lambda t: t))
     running_init, running_fold = hooks.running or (lambda: (), lambda c, r: c)
     step_key = jax.random.fold_in(key, Purpose.STEP)
 
@@ -318,10 +326,12 @@ def train_locally(
         record = StepRecord(s, params, batch, loss, grads, active, updates)
         output = () if hooks.step_output is None else hooks.step_output(record)
         params, model_state, opt_state, tracker, running = tree_where(
-            active, (new_params, new_model_state, new_opt_state, tracker_step(tracker), running_fold(running, record)),
+            active, (new_params, new_model_state, new_opt_state, tracker_step(tracker),
+                     running_fold(running, record)),
             (params, model_state, opt_state, tracker, running))
         output = jax.tree.map(lambda x: jnp.where(active, x, jnp.zeros_like(x)), output)
-        return (params, model_state, opt_state, tracker, running, loss_sum + jnp.where(active, loss, 0.0)), output
+        return (params, model_state, opt_state, tracker, running,
+                loss_sum + jnp.where(active, loss, 0.0)), output
 
     carry = (params, model_state, full_optimizer.init(params), tracker_init(), running_init(),
              jnp.zeros((), jnp.float32))
@@ -338,7 +348,8 @@ def train_locally(
                 carry = step(carry, s + i)[0]
             return s + schedule.unroll, carry
 
-        _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body, (jnp.zeros((), jnp.int32), carry))
+        _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
+                                      (jnp.zeros((), jnp.int32), carry))
         outputs = ()
     params, model_state, _, tracker, running, loss_sum = carry
     trained = merge_variables(params, model_state, variables)

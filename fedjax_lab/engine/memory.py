@@ -2,9 +2,9 @@
 
 Two estimates, both per device:
 
-* :func:`static_estimate`, from shapes alone (nothing compiled, nothing allocated): the loop state (the per-client
-  state of the whole population dominates large populations), the round's inputs, the messages held at once
-  (the whole cohort's when stacked, a chunk's when streamed) and the clients training at once.
+* :func:`static_estimate`, from shapes alone (nothing compiled, nothing allocated): the loop state (the
+  per-client state of the whole population dominates large populations), the round's inputs, the messages held
+  at once (the whole cohort's when stacked, a chunk's when streamed) and the clients training at once.
 * :func:`compiled_estimate`, XLA's memory analysis of the compiled block of rounds (arguments, outputs and
   temporaries), the figure that decides; used when the static one comes near the budget.
 """
@@ -41,7 +41,8 @@ class StaticEstimate(NamedTuple):
       client_states: the population's per-client state (``num_clients * per_client_state``).
       per_client_state: one client's state.
       server_and_inputs: the server state and the round's inputs (training arrays, index table).
-      messages: the messages held at once: the cohort's share of a device when stacked, a chunk's when streamed.
+      messages: the messages held at once: the cohort's share of a device when stacked, a chunk's when
+        streamed.
       training: the clients training at once, counted as four copies of the model each (parameters, gradient,
         optimiser state, update), activations not included.
     """
@@ -75,6 +76,6 @@ def compiled_estimate(compiled: Any) -> int:
 
 def describe(estimate: StaticEstimate) -> str:
     """The estimate as a line of GiB figures."""
-    return (f"client states {estimate.client_states / GiB:.2f} GiB ({estimate.per_client_state / 2**20:.3f} MiB a "
-            f"client), server and inputs {estimate.server_and_inputs / GiB:.2f} GiB, messages held "
+    return (f"client states {estimate.client_states / GiB:.2f} GiB ({estimate.per_client_state / 2**20:.3f} "
+            f"MiB a client), server and inputs {estimate.server_and_inputs / GiB:.2f} GiB, messages held "
             f"{estimate.messages / GiB:.2f} GiB, clients training {estimate.training / GiB:.2f} GiB")

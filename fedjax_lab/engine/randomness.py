@@ -8,6 +8,7 @@ whether the cohort was vmapped or looped over.
 from __future__ import annotations
 
 import enum
+import zlib
 
 import jax
 
@@ -48,3 +49,16 @@ def data_key(key: jax.Array, client_id: jax.Array) -> jax.Array:
 def init_key(key: jax.Array) -> jax.Array:
     """The key that initialises the model."""
     return jax.random.fold_in(key, Purpose.INIT + 1_000_003)
+
+
+def named_key(key: jax.Array, name: str) -> jax.Array:
+    """A key of ``key``'s stream reserved for ``name`` (a stable hash of the name): a component's or a
+    method's own stream, independent of the others' without a registry of numbers."""
+    return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+
+
+def setup_key(key: jax.Array, name: str) -> jax.Array:
+    """Method ``name``'s key for what it draws once, before the rounds (its initial state: FedImpro's initial
+    statistics, VHL's virtual data, a surrogate head), from the run's root ``key``: a stream of the model's
+    initialisation reserved for the method."""
+    return named_key(init_key(key), name)

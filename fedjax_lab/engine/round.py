@@ -7,10 +7,11 @@ pseudo-gradient ``-Delta_t``. Where each hook runs, in order (components in the 
 
 On each client (vmapped over the cohort):
   1. ``client_views``: every component's ``prepare`` (once, before training), giving each its view;
-  2. ``train_locally``: the local steps, with every ``batch``, ``loss_term``, ``grad_fn``, ``gradient`` (before
-     the client optimiser), ``update`` (after it), ``step_output`` and ``running`` hook inside each step;
-  3. every ``finish`` on the real delta (its message part and the client's new state), then ``send`` (what goes
-     out as the delta, BHerd's herded sum).
+  2. ``train_locally``: the local steps, with every ``batch``, ``loss_term``, ``grad_fn``, ``gradient``
+     (before the client optimiser), ``update`` (after it), ``step_output`` and ``running`` hook inside each
+     step;
+  3. every ``finish`` on the real delta (its message part and the client's new state), then ``send`` (what
+     goes out as the delta, BHerd's herded sum).
 On the server, once per round:
   4. ``reduce``: the weighted sums (the deltas' and every component's ``sums``), over a stack or streamed;
   5. ``merge`` (at most one component: the deltas into the delta to step on), else the weighted mean;
@@ -57,7 +58,8 @@ class ServerState(NamedTuple):
 
 def init_server_state(server_optimizer: optax.GradientTransformation, variables: Params,
                       components: dict[str, Any] | None = None) -> ServerState:
-    """The global model, a fresh server optimiser state over its trainable part, and the components' states."""
+    """The global model, a fresh server optimiser state over its trainable part, and the components'
+    states."""
     return ServerState(variables, server_optimizer.init(split_variables(variables)[0]), components or {})
 
 
@@ -68,8 +70,8 @@ def apply_server_optimizer(server_optimizer: optax.GradientTransformation, state
     trainable, model_state = split_variables(state.params)
     delta_params, delta_model_state = split_variables(mean_delta)
     updates, opt_state = server_optimizer.update(tree_scale(delta_params, -1.0), state.opt_state, trainable)
-    params = merge_variables(optax.apply_updates(trainable, updates), tree_add(model_state, delta_model_state),
-                             state.params)
+    params = merge_variables(optax.apply_updates(trainable, updates),
+                             tree_add(model_state, delta_model_state), state.params)
     return state._replace(params=params, opt_state=opt_state)
 
 
@@ -146,7 +148,8 @@ def component_round(
             sums = reduce(messages, cohort)
 
         def view(c):
-            return ServerView(states.get(c.name, ()), messages, weights, cohort, context, server_state.params, sums)
+            return ServerView(states.get(c.name, ()), messages, weights, cohort, context, server_state.params,
+                              sums)
 
         mergers = [c for c in components if c.merge is not None]
         if mergers:

@@ -1,7 +1,8 @@
 """Training on the server's data inside the compiled round: drawing its batches, and optimiser steps on them.
 
-Fed+FT fine-tunes the aggregate, FedDF distils the clients' ensemble into it, FedWalk walks the model on its leash
-task and Feddle fits its surrogate's head: each is :func:`train_on_server_batches` with its own loss and batches.
+Fed+FT fine-tunes the aggregate, FedDF distils the clients' ensemble into it, FedWalk walks the model on its
+leash task and Feddle fits its surrogate's head: each is :func:`train_on_server_batches` with its own loss and
+batches.
 """
 
 from __future__ import annotations
@@ -31,19 +32,25 @@ def sample_server_batch(batch_size: int) -> Callable[[Arrays, jax.Array], Arrays
     return draw
 
 
-def train_on_server_batches(loss: Callable[[Any, Any, Arrays, jax.Array], tuple[jax.Array, Any]], trainable: Any,
-                            model_state: Any, *, draw: Draw, arrays: Arrays, key: jax.Array, steps: int,
-                            optimizer: optax.GradientTransformation) -> tuple[Any, Any]:
-    """``steps`` steps of ``optimizer`` (started afresh) on ``loss(trainable, model_state, batch, key) -> (value,
-    new_model_state)``, step ``s`` on the batch ``draw(arrays, fold_in(key, s))`` with that key; the model state
-    (BatchNorm statistics) follows the batches. Returns the trained ``(trainable, model_state)``, in one
-    ``lax.scan``."""
+def step_key(key: jax.Array, step: jax.Array | int) -> jax.Array:
+    """The key of step ``step`` of :func:`train_on_server_batches` with ``key``: its batch's and its
+    loss's."""
+    return jax.random.fold_in(key, step)
+
+
+def train_on_server_batches(loss: Callable[[Any, Any, Arrays, jax.Array], tuple[jax.Array, Any]],
+                            trainable: Any, model_state: Any, *, draw: Draw, arrays: Arrays, key: jax.Array,
+                            steps: int, optimizer: optax.GradientTransformation) -> tuple[Any, Any]:
+    """``steps`` steps of ``optimizer`` (started afresh) on
+    ``loss(trainable, model_state, batch, key) -> (value, new_model_state)``, step ``s`` on the batch
+    ``draw(arrays, step_key(key, s))`` with that key; the model state (BatchNorm statistics) follows the
+    batches. Returns the trained ``(trainable, model_state)``, in one ``lax.scan``."""
 
     def step(carry, s):
         trainable, model_state, opt_state = carry
-        step_key = jax.random.fold_in(key, s)
-        batch = draw(arrays, step_key)
-        grads, model_state = jax.grad(loss, has_aux=True)(trainable, model_state, batch, step_key)
+        key_s = step_key(key, s)
+        batch = draw(arrays, key_s)
+        grads, model_state = jax.grad(loss, has_aux=True)(trainable, model_state, batch, key_s)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         return (optax.apply_updates(trainable, updates), model_state, opt_state), None
 

@@ -1,9 +1,9 @@
 """Devices and hosts: the mesh the cohort is split over, JAX's distributed runtime, and reading results back.
 
 Everything here is JAX's own machinery (``jax.sharding``, ``jax.shard_map``, ``jax.distributed``); there is no
-process layer of ours. One process per host sees every device of every host in ``jax.devices()``; the cohort is
-split over all of them (:func:`fedjax_lab.engine.cohort_loop.map_cohort`), the model and the server state are
-replicated, and the aggregation is a ``psum`` across them. Every process runs the same program on the same
+process layer of ours. One process per host sees every device of every host in ``jax.devices()``; the cohort
+is split over all of them (:func:`fedjax_lab.engine.cohort_loop.map_cohort`), the model and the server state
+are replicated, and the aggregation is a ``psum`` across them. Every process runs the same program on the same
 inputs (each builds the data itself), so no input needs scattering.
 """
 
@@ -26,14 +26,16 @@ class StartupError(RuntimeError):
     """The processes of a distributed run did not all meet within the start-up timeout."""
 
 
-def initialize_distributed(coordinator_address: str, host: str, port: int, num_processes: int, process_id: int,
-                           timeout_s: float = 300.0, log: Callable[[str], None] | None = None) -> None:
-    """Joins JAX's distributed runtime as process ``process_id`` of ``num_processes``, the coordinator (process 0)
-    at ``coordinator_address`` (``host:port``, IPv6 hosts in brackets). Must run before anything touches a
-    device; does nothing when already joined.
+def initialize_distributed(coordinator_address: str, host: str, port: int, num_processes: int,
+                           process_id: int, timeout_s: float = 300.0,
+                           log: Callable[[str], None] | None = None) -> None:
+    """Joins JAX's distributed runtime as process ``process_id`` of ``num_processes``, the coordinator
+    (process 0) at ``coordinator_address`` (``host:port``, IPv6 hosts in brackets). Must run before anything
+    touches a device; does nothing when already joined.
 
     The processes first meet in :func:`rendezvous`, so a coordinator that cannot be reached, or processes that
-    never start, end in a :class:`StartupError` after ``timeout_s`` instead of JAX's abort of the whole process.
+    never start, end in a :class:`StartupError` after ``timeout_s`` instead of JAX's abort of the whole
+    process.
     """
     if jax.distributed.is_initialized():
         return
@@ -48,9 +50,9 @@ _HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is not one of
 
 def rendezvous(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
                log: Callable[[str], None] | None = None) -> float:
-    """Waits until all ``num_processes`` processes have started: process 0 listens at ``host:port`` (the port JAX's
-    coordinator takes next) until every other process has said hello, tells them all to go and waits for each to
-    acknowledge. Returns the seconds left of ``timeout_s``.
+    """Waits until all ``num_processes`` processes have started: process 0 listens at ``host:port`` (the port
+    JAX's coordinator takes next) until every other process has said hello, tells them all to go and waits for
+    each to acknowledge. Returns the seconds left of ``timeout_s``.
 
     Raises:
       StartupError: the port cannot be listened on, the coordinator's host is unknown or cannot be reached, or
@@ -65,7 +67,8 @@ def rendezvous(host: str, port: int, num_processes: int, process_id: int, timeou
         else:
             _report(host, port, num_processes, process_id, deadline, where, timeout_s, log)
     except (OSError, ValueError) as exc:  # a peer gone mid-conversation, or one that spoke garbage
-        raise StartupError(f"the processes' start-up at {where} failed ({type(exc).__name__}: {exc})") from None
+        raise StartupError(f"the processes' start-up at {where} failed "
+                           f"({type(exc).__name__}: {exc})") from None
     return deadline - time.monotonic()
 
 
@@ -80,8 +83,8 @@ def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_
         server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True) \
             if socket.has_dualstack_ipv6() else socket.create_server(("", port))
     except OSError as exc:
-        raise StartupError(f"process 0 cannot listen at {where} ({exc.strerror or exc}): is another run using the "
-                           "port, or is this not the coordinator's host?") from None
+        raise StartupError(f"process 0 cannot listen at {where} ({exc.strerror or exc}): is another run "
+                           "using the port, or is this not the coordinator's host?") from None
     log(f"fedjax-lab: process 0 of {num_processes}: waiting for the other {num_processes - 1} at {where} "
         f"(up to {timeout_s:g} s, parallel.init_timeout_s)")
     joined: dict[int, socket.socket] = {}
@@ -94,8 +97,8 @@ def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_
                 except TimeoutError:
                     missing = sorted(set(range(1, num_processes)) - set(joined))
                     raise StartupError(f"processes {missing} did not reach the coordinator at {where} within "
-                                       f"{timeout_s:g} s (parallel.init_timeout_s); start each with the same config "
-                                       "and its parallel.process_id") from None
+                                       f"{timeout_s:g} s (parallel.init_timeout_s); start each with the same "
+                                       "config and its parallel.process_id") from None
                 try:
                     words = _readline(peer, min(_HELLO_TIMEOUT_S, deadline - time.monotonic())).split()
                 except OSError:
@@ -105,18 +108,19 @@ def _gather(port: int, num_processes: int, deadline: float, where: str, timeout_
                     continue
                 index, count = int(words[2]), int(words[3])
                 if count != num_processes or index in joined or not 0 < index < num_processes:
-                    peer.sendall(f"error process 0 expects {num_processes} processes with ids 1..{num_processes - 1}"
-                                 f" once each\n".encode())
+                    peer.sendall(f"error process 0 expects {num_processes} processes with ids "
+                                 f"1..{num_processes - 1} once each\n".encode())
                     peer.close()
-                    raise StartupError(f"process {index} reached {where} expecting {count} processes, or its id was "
-                                       f"taken; process 0 expects {num_processes} with ids 0..{num_processes - 1}")
+                    raise StartupError(f"process {index} reached {where} expecting {count} processes, or its "
+                                       f"id was taken; process 0 expects {num_processes} with ids "
+                                       f"0..{num_processes - 1}")
                 joined[index] = peer
         for peer in joined.values():
             peer.sendall(f"{_GO}\n".encode())
         for index, peer in sorted(joined.items()):
             if _readline(peer, max(deadline - time.monotonic(), _HELLO_TIMEOUT_S)) != _ACK:
-                raise StartupError(f"process {index} left before the start at {where} (its parallel.init_timeout_s "
-                                   "ran out first?); start them all again")
+                raise StartupError(f"process {index} left before the start at {where} (its "
+                                   "parallel.init_timeout_s ran out first?); start them all again")
     finally:
         for peer in joined.values():
             peer.close()
@@ -128,7 +132,8 @@ def _report(host: str, port: int, num_processes: int, process_id: int, deadline:
         f"(up to {timeout_s:g} s, parallel.init_timeout_s)")
     while True:
         try:
-            peer = socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5), 0.001))
+            peer = socket.create_connection((host, port),
+                                            timeout=max(min(deadline - time.monotonic(), 5), 0.001))
             break
         except socket.gaierror as exc:
             raise StartupError(f"the coordinator's host {host!r} is unknown ({exc.strerror or exc}); check "
@@ -136,8 +141,8 @@ def _report(host: str, port: int, num_processes: int, process_id: int, deadline:
         except OSError as exc:
             if time.monotonic() >= deadline:
                 raise StartupError(f"the coordinator at {where} could not be reached within {timeout_s:g} s "
-                                   f"(parallel.init_timeout_s; last: {exc.strerror or exc}); start process 0 there, "
-                                   "or check parallel.coordinator_address") from None
+                                   f"(parallel.init_timeout_s; last: {exc.strerror or exc}); start process 0 "
+                                   "there, or check parallel.coordinator_address") from None
             time.sleep(0.2)
     with peer:
         peer.sendall(f"{_HELLO} {process_id} {num_processes}\n".encode())
@@ -150,8 +155,8 @@ def _report(host: str, port: int, num_processes: int, process_id: int, deadline:
             return
     raise StartupError(f"the coordinator at {where} refused process {process_id}: {answer[6:]}" if
                        answer.startswith("error") else
-                       f"the coordinator at {where} did not let process {process_id} start within {timeout_s:g} s "
-                       "(parallel.init_timeout_s): not every process arrived")
+                       f"the coordinator at {where} did not let process {process_id} start within "
+                       f"{timeout_s:g} s (parallel.init_timeout_s): not every process arrived")
 
 
 def client_mesh(num_devices: int | None = None) -> Mesh:
@@ -170,8 +175,9 @@ def client_mesh(num_devices: int | None = None) -> Mesh:
 
 
 def to_host(tree: Any) -> Any:
-    """``jax.device_get`` that also reads arrays spanning other processes' devices: a replicated array from this
-    process's copy, a sharded one gathered from every process (a collective: every process must call it)."""
+    """``jax.device_get`` that also reads arrays spanning other processes' devices: a replicated array from
+    this process's copy, a sharded one gathered from every process (a collective: every process must call
+    it)."""
 
     def get(x):
         if not isinstance(x, jax.Array) or x.is_fully_addressable:

@@ -81,8 +81,9 @@ class CohortPlan:
         is split over its devices, each training its share ``chunk_size`` clients at a time; ``None``: one
         device.
       aggregation: ``'streaming'`` reduces each chunk's messages as it finishes (and across devices) when the
-        algorithm's server update reads only their sums (``Algorithm.reduce``); ``'stacked'`` always keeps every
-        message; ``'auto'`` streams whenever the cohort is chunked or sharded and the algorithm allows it.
+        algorithm's server update reads only their sums (``Algorithm.reduce``); ``'stacked'`` always keeps
+        every message; ``'auto'`` streams whenever the cohort is chunked or sharded and the algorithm allows
+        it.
     """
 
     num_clients: int
@@ -96,20 +97,23 @@ class CohortPlan:
 
     def __post_init__(self):
         if not 1 <= self.cohort_size <= self.num_clients:
-            raise ValueError(f"cohort_size must be in [1, num_clients={self.num_clients}], got {self.cohort_size}")
+            raise ValueError(f"cohort_size must be in [1, num_clients={self.num_clients}], got "
+                             f"{self.cohort_size}")
         if self.cohort_size % self.num_devices:
             raise ValueError(f"cohort_size must be a multiple of the mesh's {self.num_devices} devices, got "
                              f"{self.cohort_size}")
         share = self.cohort_size // self.num_devices
         if self.chunk_size is not None and (self.chunk_size < 1 or share % self.chunk_size):
-            raise ValueError(f"chunk_size must divide each device's share of the cohort ({share} clients), got "
-                             f"{self.chunk_size}")
+            raise ValueError(f"chunk_size must divide each device's share of the cohort ({share} clients), "
+                             f"got {self.chunk_size}")
         if self.aggregation not in ("auto", "streaming", "stacked"):
-            raise ValueError(f"aggregation must be 'auto', 'streaming' or 'stacked', got {self.aggregation!r}")
+            raise ValueError(f"aggregation must be 'auto', 'streaming' or 'stacked', got "
+                             f"{self.aggregation!r}")
         if self.buffer_size is not None and self.buffer_size < 1:
             raise ValueError(f"buffer_size must be >= 1, got {self.buffer_size}")
         if self.max_in_flight is not None and self.max_in_flight < self.cohort_size:
-            raise ValueError(f"max_in_flight must be >= cohort_size={self.cohort_size}, got {self.max_in_flight}")
+            raise ValueError(f"max_in_flight must be >= cohort_size={self.cohort_size}, got "
+                             f"{self.max_in_flight}")
 
     @property
     def num_devices(self) -> int:
@@ -144,8 +148,8 @@ def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs) ->
 
     def message(params, inputs):
         server_state = algorithm.server_init(params)
-        client = ClientData(jnp.zeros((), jnp.int32), inputs.client_example_ids[0], inputs.client_num_examples[0],
-                            randomness.data_key(inputs.key, 0))
+        client = ClientData(jnp.zeros((), jnp.int32), inputs.client_example_ids[0],
+                            inputs.client_num_examples[0], randomness.data_key(inputs.key, 0))
         return algorithm.client_update(server_state, algorithm.client_init(server_state), client,
                                        inputs.train_arrays, inputs.key)[0]
 
@@ -218,6 +222,7 @@ def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate
 
     @functools.partial(jax.jit, static_argnames="num_rounds", donate_argnums=(0,) if donate else ())
     def run_rounds(state: LoopState, inputs: RoundInputs, num_rounds: int):
-        return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs), state, None, length=num_rounds)
+        return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs), state, None,
+                            length=num_rounds)
 
     return run_rounds

@@ -56,10 +56,10 @@ class Cohort(NamedTuple):
     Attributes:
       client_ids: int32 ``[m]``.
       num_examples: int32 ``[m]``.
-      mask: bool ``[m]``, which messages take part (the arrivals, when the server sees the asynchronous round's
-        whole in-flight store); ``None``: all of them.
-      staleness: int32 ``[m]``, rounds between the model a message was computed from and the model it is applied
-        to (:mod:`fedjax_lab.engine.asynchrony`); ``None``: all zero (the synchronous round).
+      mask: bool ``[m]``, which messages take part (the arrivals, when the server sees the asynchronous
+        round's whole in-flight store); ``None``: all of them.
+      staleness: int32 ``[m]``, rounds between the model a message was computed from and the model it is
+        applied to (:mod:`fedjax_lab.engine.asynchrony`); ``None``: all zero (the synchronous round).
     """
 
     client_ids: jax.Array
@@ -191,7 +191,8 @@ def as_forward(task: Any) -> ForwardFn:
     def forward(variables, batch, key, with_features=False):
         if with_features:
             raise ValueError("a loss term reads the representation, but the task is a plain loss function; "
-                             "pass an object with forward(variables, batch, key, with_features), e.g. a Classifier")
+                             "pass an object with forward(variables, batch, key, with_features), e.g. a "
+                             "Classifier")
         loss, model_state = task(variables, batch, key)
         return Forward(loss, model_state)
 

@@ -17,7 +17,8 @@ ModelState = Mapping[str, Any]
 
 
 def split_variables(variables: PyTree) -> tuple[PyTree, ModelState]:
-    """``(trainable, model_state)``: a Flax dict's ``'params'`` and its other collections, or ``(variables, {})``."""
+    """``(trainable, model_state)``: a Flax dict's ``'params'`` and its other collections, or
+    ``(variables, {})``."""
     if isinstance(variables, Mapping) and "params" in variables:
         return variables["params"], {name: value for name, value in variables.items() if name != "params"}
     return variables, {}

@@ -9,7 +9,8 @@ import importlib
 _EXPORTS = {"Config": "config", "ConfigError": "config", "load_config": "config", "validate": "config",
             "Experiment": "build", "build_experiment": "build", "run_experiment": "runner"}
 
-__all__ = ["Config", "ConfigError", "Experiment", "build_experiment", "load_config", "run_experiment", "validate"]
+__all__ = ["Config", "ConfigError", "Experiment", "build_experiment", "load_config", "run_experiment",
+           "validate"]
 
 
 def __getattr__(name):

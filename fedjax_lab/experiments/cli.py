@@ -33,42 +33,50 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) an experiment from a YAML config")
     run.add_argument("config", help="path to a YAML config, e.g. configs/synthetic_fedavg.yaml")
-    run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. client.learning_rate=0.05")
+    run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. "
+                                                  "client.learning_rate=0.05")
     run.add_argument("--run-dir", help="where results go (default: runs/<config name>)")
-    run.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    run.add_argument("--resume", action="store_true", help="continue from the run directory's latest "
+                                                           "checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in the run directory")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    sweep = sub.add_parser("sweep", help="run a grid of seeds and hyper-parameters, as one program where it can")
+    sweep = sub.add_parser("sweep", help="run a grid of seeds and hyper-parameters, as one program where it "
+                                         "can")
     sweep.add_argument("config", help="path to a YAML config")
     sweep.add_argument("items", nargs="*", help="grid axes key=v1,v2,... (e.g. seed=0,1,2,3 "
-                                                "client.learning_rate=0.01,0.05) and plain key=value overrides")
+                                                "client.learning_rate=0.01,0.05) and plain key=value "
+                                                "overrides")
     sweep.add_argument("--sweep-dir", help="where the members' run directories and the table go "
                                            "(default: runs/<config name>_sweep)")
-    sweep.add_argument("--resume", action="store_true", help="continue every member from its latest checkpoint")
+    sweep.add_argument("--resume", action="store_true", help="continue every member from its latest "
+                                                             "checkpoint")
     sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
-    sweep.add_argument("--chunk", type=_positive_int, help="members vmapped at once, >= 1 (default: all on an "
-                                                           "accelerator; on CPU 8 for dense models, separate runs "
-                                                           "for CNNs)")
+    sweep.add_argument("--chunk", type=_positive_int, help="members vmapped at once, >= 1 (default: all on "
+                                                           "an accelerator; on CPU 8 for dense models, "
+                                                           "separate runs for CNNs)")
     sweep.add_argument("--yes", action="store_true", help=f"run a grid of more than {LARGE_GRID} members")
     sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")
     part.add_argument("config", help="path to a YAML config")
-    part.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. dataset.partition.alpha=0.1")
-    part.add_argument("--out", default="partition", help="folder for partition.{npz,md,png} (default: partition/)")
+    part.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. "
+                                                   "dataset.partition.alpha=0.1")
+    part.add_argument("--out", default="partition", help="folder for partition.{npz,md,png} (default: "
+                                                         "partition/)")
     plot = sub.add_parser("plot", help="overlay the learning curves of one or more runs")
     plot.add_argument("run_dirs", nargs="+", help="run directories")
     plot.add_argument("--out", default="curves.png", help="output PNG (default: curves.png)")
     plot.add_argument("--labels", nargs="*", help="legend labels, one per run directory")
-    plot.add_argument("--staleness", action="store_true", help="also plot the asynchronous runs' arrivals and "
-                                                              "staleness (OUT_staleness.png)")
+    plot.add_argument("--staleness", action="store_true", help="also plot the asynchronous runs' arrivals "
+                                                              "and staleness (OUT_staleness.png)")
     data = sub.add_parser("data", help="build the offline dataset archives from the official files")
     data_sub = data.add_subparsers(dest="data_command", required=True)
-    prepare = data_sub.add_parser("prepare", help="build NAME's archive from its official files, verified by MD5")
+    prepare = data_sub.add_parser("prepare", help="build NAME's archive from its official files, verified by "
+                                                  "MD5")
     prepare.add_argument("name", help="mnist, fashion_mnist, cifar10 or cifar100")
-    prepare.add_argument("--from", dest="source", help="a folder holding the official files (or the one file); "
-                                                       "default: download them")
-    prepare.add_argument("--data-dir", help="where the archive goes (default: $FEDJAX_LAB_DATA or ../shared/data); "
-                                            "runs read it with dataset.data_dir=DIR")
+    prepare.add_argument("--from", dest="source", help="a folder holding the official files (or the one "
+                                                       "file); default: download them")
+    prepare.add_argument("--data-dir", help="where the archive goes (default: $FEDJAX_LAB_DATA or "
+                                            "../shared/data); runs read it with dataset.data_dir=DIR")
     prepare.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     reference = sub.add_parser("reference", help="print the config fields (configs) or the methods (methods)")
     reference.add_argument("what", choices=["configs", "methods"])
@@ -80,7 +88,8 @@ def _data(args) -> int:
     from fedjax_lab.data.prepare import OFFICIAL, prepare
 
     if args.name not in OFFICIAL:
-        raise ConfigError(f"data prepare: no official files known for {args.name!r}; known: {', '.join(OFFICIAL)}")
+        raise ConfigError(f"data prepare: no official files known for {args.name!r}; known: "
+                          f"{', '.join(OFFICIAL)}")
     try:
         out = prepare(args.name, args.source, args.data_dir, progress=not args.no_progress)
     except DataFileError as error:
@@ -111,10 +120,11 @@ def _run(args) -> int:
               f"{summary['best_test_accuracy']:.4f} at round {summary['best_round']}; results in {run_dir}/",
               file=sys.stderr)
         return EXIT_DIVERGED
-    speed = f"{summary['rounds_per_second']:.2f} rounds/s" if summary.get("rounds_per_second") else "no rounds run"
+    speed = (f"{summary['rounds_per_second']:.2f} rounds/s" if summary.get("rounds_per_second")
+             else "no rounds run")
     print(f"round {summary['rounds']}: test accuracy {final['test_accuracy']:.4f}, test loss "
-          f"{final['test_loss']:.4f}; best {summary['best_test_accuracy']:.4f} at round {summary['best_round']}; "
-          f"{speed} on {summary['backend']}")
+          f"{final['test_loss']:.4f}; best {summary['best_test_accuracy']:.4f} at round "
+          f"{summary['best_round']}; {speed} on {summary['backend']}")
     print(f"results in {run_dir}/ (metrics.jsonl, summary.json, curves.png)")
     return 0
 
@@ -128,8 +138,9 @@ def _sweep(args) -> int:
         raise ConfigError("sweep: give at least one grid axis key=v1,v2,..., e.g. seed=0,1,2")
     size = math.prod(len(values) for values in grid.values())
     if size > LARGE_GRID and not args.yes:
-        raise ConfigError(f"sweep: the grid has {size} members ({' x '.join(str(len(v)) for v in grid.values())}), "
-                          f"more than {LARGE_GRID}; pass --yes to run them all")
+        raise ConfigError(f"sweep: the grid has {size} members "
+                          f"({' x '.join(str(len(v)) for v in grid.values())}), more than {LARGE_GRID}; pass "
+                          "--yes to run them all")
     if (sweep_dir / "sweep.json").exists() and not (args.resume or args.overwrite):
         raise ConfigError(f"sweep directory {sweep_dir} already holds a sweep; pass --resume or --overwrite")
     from fedjax_lab.experiments.sweep import expand, run_sweep
@@ -167,7 +178,8 @@ def _plot(args) -> int:
     from fedjax_lab.experiments.plots import plot_runs
 
     if args.labels and len(args.labels) != len(args.run_dirs):
-        raise ConfigError(f"--labels needs one label per run directory ({len(args.run_dirs)}), got {len(args.labels)}")
+        raise ConfigError(f"--labels needs one label per run directory ({len(args.run_dirs)}), got "
+                          f"{len(args.labels)}")
     for run_dir in args.run_dirs:
         if not (Path(run_dir) / "metrics.jsonl").exists():
             raise ConfigError(f"{run_dir} holds no metrics.jsonl; is it a run directory?")
@@ -185,8 +197,9 @@ EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``fedjax-lab`` command; returns the exit status (0 done, 2 bad input, 3 diverged, 4 the run could not
-    go on: a file could not be written or read back, 130 interrupted by Ctrl-C, 143 by SIGTERM; docs/reliability.md).
+    """The ``fedjax-lab`` command; returns the exit status (0 done, 2 bad input, 3 diverged, 4 the run could
+    not go on: a file could not be written or read back, 130 interrupted by Ctrl-C, 143 by SIGTERM;
+    docs/reliability.md).
     """
     program = argv is None  # the process is ours (not a test or a notebook calling main)
     parser = _parser()
@@ -216,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         where = f" at {error.filename}" if error.filename else ""
         resume = " and continue with --resume" if args.command in ("run", "sweep") else ""
-        print(f"fedjax-lab: error: {error.strerror or error}{where}; free space (or fix the permissions){resume}",
-              file=sys.stderr)
+        print(f"fedjax-lab: error: {error.strerror or error}{where}; "
+              f"free space (or fix the permissions){resume}", file=sys.stderr)
         return EXIT_RUN_FAILED
     except Exception as error:
         from fedjax_lab.experiments.run_directory import RunDirectoryError

@@ -42,7 +42,8 @@ def partition_rows(labels: np.ndarray, p: PartitionConfig, num_classes: int, see
     if p.name in ("iid", "feature_skew"):
         return partitions.iid(labels, n, seed)
     if p.name == "dirichlet":
-        return partitions.dirichlet_label_skew(labels, n, p.alpha, seed, num_classes, p.min_size, p.max_attempts)
+        return partitions.dirichlet_label_skew(labels, n, p.alpha, seed, num_classes, p.min_size,
+                                               p.max_attempts)
     if p.name == "dirichlet_client":
         return partitions.dirichlet_client_mix(labels, n, p.alpha, seed, num_classes, p.client_size)
     if p.name == "classes_per_client":
@@ -69,7 +70,8 @@ def class_ids(classes: tuple[int | str, ...], data: CentralDataset) -> list[int]
                 close = difflib.get_close_matches(c, data.class_names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"dataset.server_data.classes: {data.name} has no class {c!r}{hint} "
-                                  f"(allowed: {', '.join(data.class_names) or f'ids 0..{data.num_classes - 1}'})")
+                                  "(allowed: "
+                                  f"{', '.join(data.class_names) or f'ids 0..{data.num_classes - 1}'})")
             c = data.class_names.index(c)
         if not 0 <= c < data.num_classes:
             raise ConfigError(f"dataset.server_data.classes: {c} is not a class id of {data.name} "
@@ -89,10 +91,11 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
     elif s.kind == "withheld_classes":
         server_rows, rest = withhold_classes(labels, class_ids(s.classes, data), s.size, seed)
     else:
-        other = load_central(d.model_copy(update={"data_dir": s.data_dir or d.data_dir}), s.dataset, relabel=False)
+        other = load_central(d.model_copy(update={"data_dir": s.data_dir or d.data_dir}), s.dataset,
+                             relabel=False)
         if other.input_shape != data.input_shape:
-            raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not match "
-                              f"{d.name} inputs {data.input_shape}")
+            raise ConfigError(f"dataset.server_data.dataset: {s.dataset} inputs {other.input_shape} do not "
+                              f"match {d.name} inputs {data.input_shape}")
         x, y = other.train["x"], other.train["y"]
         if s.classes:  # keep the listed classes only, relabelled by their position in the list
             keep = class_ids(s.classes, other)
@@ -106,7 +109,8 @@ def server_split(d: ImageDataset, s: ServerDataConfig, data: CentralDataset,
 
 
 def _base_name(name: str) -> str:
-    """A dataset's name without what the run made of it (``mnist-parity``, ``mnist (centralized)``: ``mnist``)."""
+    """A dataset's name without what the run made of it (``mnist-parity``, ``mnist (centralized)``:
+    ``mnist``)."""
     return name.split(" (")[0].removesuffix("-parity")
 
 
@@ -123,18 +127,18 @@ def reload_partition(path: str, num_clients: int, dataset_name: str | None,
     rows, meta = load_partition(path)
     saved = meta.get("dataset")
     if dataset_name is not None and isinstance(saved, str) and _base_name(saved) != _base_name(dataset_name):
-        raise ConfigError(f"dataset.partition.file: {path} was made for {saved!r}, not {dataset_name!r}; partition "
-                          f"{dataset_name} with fedjax-lab partition, or use that dataset")
+        raise ConfigError(f"dataset.partition.file: {path} was made for {saved!r}, not {dataset_name!r}; "
+                          f"partition {dataset_name} with fedjax-lab partition, or use that dataset")
     if len(rows) != num_clients:
-        raise ConfigError(f"dataset.partition.file holds {len(rows)} clients, but dataset.partition.num_clients is "
-                          f"{num_clients}")
+        raise ConfigError(f"dataset.partition.file holds {len(rows)} clients, but "
+                          f"dataset.partition.num_clients is {num_clients}")
     every = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     outside = every[~np.isin(every, client_rows)]
     if len(outside):
-        raise ConfigError(f"dataset.partition.file: {path} deals rows the clients cannot have ({len(outside)} of "
-                          f"{len(every)}, e.g. row {int(outside[0])}): the clients' rows here are "
-                          f"{len(client_rows)} of {dataset_name or 'the dataset'} (after dataset.subset and "
-                          "dataset.server_data); "
+        raise ConfigError(f"dataset.partition.file: {path} deals rows the clients cannot have "
+                          f"({len(outside)} of {len(every)}, e.g. row {int(outside[0])}): the clients' rows "
+                          f"here are {len(client_rows)} of {dataset_name or 'the dataset'} (after "
+                          "dataset.subset and dataset.server_data); "
                           "was it made for a larger dataset or other server data?")
     return rows
 
@@ -142,9 +146,10 @@ def reload_partition(path: str, num_clients: int, dataset_name: str | None,
 def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
     """Loads, carves server data, partitions the rest (or reloads ``partition.file``) and indexes the clients.
 
-    With ``labels: parity`` the server data and the partition follow the original classes (BHerd's case 2 gives
-    client k the digits {k, k+5}), and the labels become even/odd afterwards. With ``partition.by: fine_label``
-    CIFAR-100 is dealt by its fine classes and learnt by its superclasses (Feddle)."""
+    With ``labels: parity`` the server data and the partition follow the original classes (BHerd's case 2
+    gives client k the digits {k, k+5}), and the labels become even/odd afterwards. With
+    ``partition.by: fine_label`` CIFAR-100 is dealt by its fine classes and learnt by its superclasses
+    (Feddle)."""
     data = load_central(d, relabel=False)
     if d.subset is not None:
         data = dataclasses.replace(data, train={k: v[:d.subset] for k, v in data.train.items()})
@@ -159,7 +164,8 @@ def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
     p = d.partition
     if p.file:
         # An image folder is named by its path, which a copy (node-local scratch) changes: rows alone checked.
-        client_rows = reload_partition(p.file, p.num_clients, None if d.name == "image_folder" else data.name, rows)
+        client_rows = reload_partition(p.file, p.num_clients, None if d.name == "image_folder" else data.name,
+                                       rows)
     else:
         labels, num_classes = data.train["y"], data.num_classes
         if p.by == "fine_label":
@@ -175,7 +181,8 @@ def build_image_dataset(d: ImageDataset, seed: int) -> FederatedDataset:
             train["noise_std"][r] = levels[k]
     if d.labels == "parity":
         parity = relabel_parity(data)
-        data = dataclasses.replace(parity, train={**parity.train, **{k: v for k, v in train.items() if k != "y"}})
+        data = dataclasses.replace(parity,
+                                   train={**parity.train, **{k: v for k, v in train.items() if k != "y"}})
         train = data.train
         if server is not None:
             server = {**server, "y": (server["y"] % 2 == 0).astype(np.int32)}
@@ -197,8 +204,8 @@ def build_dataset(config: Config) -> FederatedDataset:
             return fedprox_synthetic(d.alpha, d.beta, d.num_clients, d.iid, d.dimension, d.num_classes,
                                      d.train_fraction, seed)
         if d.name == "gaussian_mixture":
-            return gaussian_mixture(d.num_clients, d.examples_per_client, d.num_classes, d.dimension, d.separation,
-                                    d.label_alpha, d.train_fraction, seed)
+            return gaussian_mixture(d.num_clients, d.examples_per_client, d.num_classes, d.dimension,
+                                    d.separation, d.label_alpha, d.train_fraction, seed)
         if d.name == "shakespeare":
             return load_shakespeare(d.data_dir, d.sequence_length, d.num_clients)
         return build_image_dataset(d, seed)
@@ -212,7 +219,8 @@ def reference_view(dataset: FederatedDataset, reference: str) -> FederatedDatase
     """The data of a reference run, as one client: every client's training rows pooled (``centralized``), or
     the server's data alone (``server_only``, Feddle's "Center")."""
     if reference == "centralized":
-        rows = np.concatenate([dataset.client_train_ids[k, :n] for k, n in enumerate(dataset.client_train_counts)])
+        rows = np.concatenate([dataset.client_train_ids[k, :n]
+                               for k, n in enumerate(dataset.client_train_counts)])
         train = dataset.train
     else:
         if dataset.server is None:
@@ -220,5 +228,5 @@ def reference_view(dataset: FederatedDataset, reference: str) -> FederatedDatase
         train = dict(dataset.server)
         rows = np.arange(len(train["y"]))
     ids, counts = index_table([rows])
-    return dataclasses.replace(dataset, name=f"{dataset.name} ({reference})", train=train, client_train_ids=ids,
-                               client_train_counts=counts)
+    return dataclasses.replace(dataset, name=f"{dataset.name} ({reference})", train=train,
+                               client_train_ids=ids, client_train_counts=counts)

@@ -1,11 +1,12 @@
 """Hyper-parameters as data: the config's floats enter the compiled program as arrays, not as constants.
 
-Every float field of ``client`` and ``algorithm`` (plug-ins included) is a *data field*: the learning rates, the
-server optimiser's coefficients, ``mu``, ``alpha``, ``rho``, FedWalk's ``tau`` and the like. A run carries their
-values as a flat dict ``{dotted.path: float32 array}`` (:func:`hyperparams`) in its ``RoundInputs``; inside the
-compiled round the algorithm is built from the config with those values substituted (:func:`with_values`), after
-the learning-rate schedules have been applied for the round (:func:`values_at`). So changing a value does not
-recompile, and many values run as one vmapped program (``fedjax_lab/experiments/sweep.py``).
+Every float field of ``client`` and ``algorithm`` (plug-ins included) is a *data field*: the learning rates,
+the server optimiser's coefficients, ``mu``, ``alpha``, ``rho``, FedWalk's ``tau`` and the like. A run carries
+their values as a flat dict ``{dotted.path: float32 array}`` (:func:`hyperparams`) in its ``RoundInputs``;
+inside the compiled round the algorithm is built from the config with those values substituted
+(:func:`with_values`), after the learning-rate schedules have been applied for the round (:func:`values_at`).
+So changing a value does not recompile, and many values run as one vmapped program
+(``fedjax_lab/experiments/sweep.py``).
 
 Structure is never data: which optimiser, whether it has a momentum buffer, the number of steps, the model.
 Builders read values arithmetically and decide structure from the static config.
@@ -31,7 +32,8 @@ def _float_fields(model: BaseModel, prefix: str) -> dict[str, float]:
 
 
 def hyperparams(config: Config) -> dict[str, float]:
-    """The config's data fields and their values, by dotted path (plug-ins as ``algorithm.plugins.NAME.field``)."""
+    """The config's data fields and their values, by dotted path (plug-ins as
+    ``algorithm.plugins.NAME.field``)."""
     values: dict[str, float] = {}
     for section in DATA_SECTIONS:
         values.update(_float_fields(getattr(config, section), section))
@@ -48,21 +50,24 @@ def as_arrays(values: dict[str, float]) -> dict[str, Any]:
 def schedule_multiplier(schedule: ScheduleConfig, round_index, num_rounds: int):
     """The factor a learning rate is multiplied by in round ``round_index`` (0-based), as a JAX scalar.
 
-    ``constant``: 1. ``step``: ``factor`` to the power of the number of ``boundaries`` passed (FedWalk's drop at
-    round 100 is ``boundaries: [100]``). ``exponential``: ``factor ** (round / decay_rounds)``. ``cosine``: from 1 to
-    ``final_fraction`` over ``decay_rounds`` (default the run's rounds), after the warm-up. Any schedule starts with
-    a linear warm-up from ``1 / warmup_rounds`` to 1 over ``warmup_rounds``.
+    ``constant``: 1. ``step``: ``factor`` to the power of the number of ``boundaries`` passed (FedWalk's drop
+    at round 100 is ``boundaries: [100]``). ``exponential``: ``factor ** (round / decay_rounds)``. ``cosine``:
+    from 1 to ``final_fraction`` over ``decay_rounds`` (default the run's rounds), after the warm-up. Any
+    schedule starts with a linear warm-up from ``1 / warmup_rounds`` to 1 over ``warmup_rounds``.
     """
     r = jnp.asarray(round_index, jnp.float32)
     length = float(schedule.decay_rounds or num_rounds)
     if schedule.name == "step":
-        passed = sum((r >= b).astype(jnp.float32) for b in schedule.boundaries) if schedule.boundaries else 0.0
+        passed = (sum((r >= b).astype(jnp.float32) for b in schedule.boundaries) if schedule.boundaries
+                  else 0.0)
         factor = jnp.power(schedule.factor, passed)
     elif schedule.name == "exponential":
         factor = jnp.power(schedule.factor, r / length)
     elif schedule.name == "cosine":
-        progress = jnp.clip((r - schedule.warmup_rounds) / max(length - schedule.warmup_rounds, 1.0), 0.0, 1.0)
-        factor = schedule.final_fraction + (1 - schedule.final_fraction) * 0.5 * (1 + jnp.cos(math.pi * progress))
+        progress = jnp.clip((r - schedule.warmup_rounds) / max(length - schedule.warmup_rounds, 1.0),
+                            0.0, 1.0)
+        factor = (schedule.final_fraction
+                  + (1 - schedule.final_fraction) * 0.5 * (1 + jnp.cos(math.pi * progress)))
     else:
         factor = jnp.ones((), jnp.float32)
     if schedule.warmup_rounds:

@@ -1,8 +1,8 @@
 """Learning-curve plots of run directories: one run, or several overlaid.
 
-The figures are :class:`matplotlib.figure.Figure` objects built without ``pyplot``: saving one needs no backend and
-leaves the user's alone (a notebook's inline backend keeps working after a run), and a notebook shows the figure
-that ``curves_figure`` returns.
+The figures are :class:`matplotlib.figure.Figure` objects built without ``pyplot``: saving one needs no
+backend and leaves the user's alone (a notebook's inline backend keeps working after a run), and a notebook
+shows the figure that ``curves_figure`` returns.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def run_config(run_dir: str | Path) -> dict[str, Any]:
 def method_name(config: dict[str, Any]) -> str:
     """``fedavg``, ``scaffold + fedprox + fedcog``: the method and its plug-ins."""
     algorithm = config.get("algorithm") or {}
-    return " + ".join([str(algorithm.get("name", "?"))] + [str(p.get("name")) for p in algorithm.get("plugins") or []])
+    return " + ".join([str(algorithm.get("name", "?"))]
+                      + [str(p.get("name")) for p in algorithm.get("plugins") or []])
 
 
 def describe_run(config: dict[str, Any]) -> str:
@@ -54,7 +55,8 @@ def describe_run(config: dict[str, Any]) -> str:
     split = partition.get("name", "")
     if split == "dirichlet" and "alpha" in partition:
         split = f"Dirichlet({partition['alpha']})"
-    where = ", ".join(str(x) for x in (dataset.get("name"), split, (config.get("model") or {}).get("name")) if x)
+    where = ", ".join(str(x) for x in (dataset.get("name"), split, (config.get("model") or {}).get("name"))
+                      if x)
     cohort = f", {clients} clients ({rounds.get('clients_per_round')} a round)" if clients else ""
     return f"{method_name(config)} on {where}{cohort}"
 
@@ -62,8 +64,8 @@ def describe_run(config: dict[str, Any]) -> str:
 def start_rounds(config: dict[str, Any]) -> list[tuple[str, int]]:
     """The rounds where a method of the run starts acting (a ``start_round`` field, such as FedCOG's)."""
     algorithm = config.get("algorithm") or {}
-    return [(str(m.get("name")), int(m["start_round"])) for m in [algorithm, *(algorithm.get("plugins") or [])]
-            if m.get("start_round")]
+    return [(str(m.get("name")), int(m["start_round"]))
+            for m in [algorithm, *(algorithm.get("plugins") or [])] if m.get("start_round")]
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -74,11 +76,12 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
-def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None, title: str | None = None) -> Figure:
+def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None,
+                  title: str | None = None) -> Figure:
     """Test accuracy, test loss and the clients' training loss against rounds, one line per run.
 
-    The clients' training loss is drawn faint per round, with its moving average (a tenth of the rounds) on top;
-    the round where a method starts (FedCOG's ``start_round``) is a dashed line; the title says what ran.
+    The clients' training loss is drawn faint per round, with its moving average (a tenth of the rounds) on
+    top; the round where a method starts (FedCOG's ``start_round``) is a dashed line; the title says what ran.
 
     Args:
       run_dirs: run directories holding ``metrics.jsonl`` (and ``config.yaml``).
@@ -90,7 +93,8 @@ def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None, t
         methods = [method_name(c) for c in configs]
         labels = methods if len(set(methods)) == len(methods) else [Path(d).name for d in run_dirs]
     if title is None:
-        title = describe_run(configs[0]) if len(run_dirs) == 1 else describe_run(configs[0]).split(" on ", 1)[-1]
+        title = (describe_run(configs[0]) if len(run_dirs) == 1
+                 else describe_run(configs[0]).split(" on ", 1)[-1])
     figure = ShownFigure(figsize=(5 * len(PANELS), 3.9), layout="constrained")
     axes = figure.subplots(1, len(PANELS))
     colours = [f"C{i % 10}" for i in range(len(run_dirs))]
@@ -104,7 +108,8 @@ def curves_figure(run_dirs: list[str | Path], labels: list[str] | None = None, t
             if key in SMOOTHED and len(points) > 10:
                 ax.plot(rounds, values, color=colour, alpha=0.25, linewidth=0.7)
                 window = max(2, len(points) // 10)
-                ax.plot(rounds, moving_average(values, window), color=colour, label=f"{label} ({window}-round mean)")
+                ax.plot(rounds, moving_average(values, window), color=colour,
+                        label=f"{label} ({window}-round mean)")
             else:
                 ax.plot(rounds, values, color=colour, label=label, marker="." if len(points) < 40 else None)
         for name, start in start_rounds(config):
@@ -132,8 +137,8 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path, labels: list[str
 
 
 def staleness_figure(run_dirs: list[str | Path], labels: list[str] | None = None) -> Figure:
-    """The asynchronous round's traffic for each run: arrivals and jobs in flight per round, mean and max staleness
-    of the arrivals per round, and the distribution of staleness over the whole run."""
+    """The asynchronous round's traffic for each run: arrivals and jobs in flight per round, mean and max
+    staleness of the arrivals per round, and the distribution of staleness over the whole run."""
     from fedjax_lab.experiments.run_directory import read_arrays
 
     labels = labels or [Path(d).name for d in run_dirs]
@@ -154,7 +159,8 @@ def staleness_figure(run_dirs: list[str | Path], labels: list[str] | None = None
             axes[2].step(np.arange(len(total)), total / max(total.sum(), 1), where="mid", label=label)
     for ax, title, xlabel, ylabel in zip(
             axes, ("jobs", "staleness of the arrivals", "staleness distribution"),
-            ("round", "round", "staleness (rounds)"), ("clients", "staleness (rounds)", "fraction of arrivals")):
+            ("round", "round", "staleness (rounds)"),
+            ("clients", "staleness (rounds)", "fraction of arrivals")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel, fontsize=8)

@@ -56,8 +56,8 @@ def holds_run(path: str | Path) -> bool:
 
 
 def clear_run(path: str | Path) -> None:
-    """Removes the run in ``path`` (:data:`RUN_FILES`), leaving anything else (another process of a distributed
-    run clears its own ``.process_N`` copy)."""
+    """Removes the run in ``path`` (:data:`RUN_FILES`), leaving anything else (another process of a
+    distributed run clears its own ``.process_N`` copy)."""
     path = Path(path)
     for entry in [path / name for name in RUN_FILES]:
         if entry.is_dir() and not entry.is_symlink():
@@ -89,7 +89,8 @@ def naming(path: str | Path):
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the new."""
+    """Writes ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old file or the
+    new."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0o600
@@ -109,8 +110,8 @@ class RunDirectory:
     def __init__(self, path: str | Path, checkpoints_to_keep: int = 2):
         self.path = Path(path).absolute()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._checkpoints = ocp.CheckpointManager(self.path / "checkpoints",
-                                                  options=ocp.CheckpointManagerOptions(max_to_keep=checkpoints_to_keep))
+        self._checkpoints = ocp.CheckpointManager(
+            self.path / "checkpoints", options=ocp.CheckpointManagerOptions(max_to_keep=checkpoints_to_keep))
 
     @property
     def config_path(self) -> Path:
@@ -121,8 +122,8 @@ class RunDirectory:
         return self.path / "metrics.jsonl"
 
     def append_metrics(self, rows: list[dict[str, Any]]) -> None:
-        """Appends rows to ``metrics.jsonl`` and flushes them to disk (a kill mid-write leaves at most a torn last
-        line, which :func:`read_metrics` drops)."""
+        """Appends rows to ``metrics.jsonl`` and flushes them to disk (a kill mid-write leaves at most a torn
+        last line, which :func:`read_metrics` drops)."""
         try:
             with self.metrics_path.open("a") as f:
                 f.write("".join(json.dumps(row) + "\n" for row in rows))
@@ -135,7 +136,8 @@ class RunDirectory:
         return read_metrics(self.path)
 
     def append_arrays(self, first_round: int, arrays: dict[str, np.ndarray]) -> None:
-        """Writes a block's array metrics (leading axis: its rounds, ``first_round + 1`` onwards) to ``arrays/``."""
+        """Writes a block's array metrics (leading axis: its rounds, ``first_round + 1`` onwards) to
+        ``arrays/``."""
         if not arrays:
             return
         num_rounds = len(next(iter(arrays.values())))
@@ -150,7 +152,8 @@ class RunDirectory:
         if not rows or rows[-1]["round"] != last_round:
             raise RunDirectoryError(f"cannot resume {self.path}: metrics.jsonl ends at round "
                                     f"{rows[-1]['round'] if rows else 'none'}, before the checkpoint's round "
-                                    f"{last_round}, so the curve would have a gap; start again with --overwrite")
+                                    f"{last_round}, so the curve would have a gap; start again with "
+                                    "--overwrite")
         write_atomically(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
         for block in sorted((self.path / "arrays").glob("rounds_*.npz")):
             if int(block.stem.split("_")[-1]) > last_round:
@@ -176,7 +179,8 @@ class RunDirectory:
                 code = _os_error_code(exc)
                 if code is None:
                     raise
-                logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the rest of Orbax's writes fail alike
+                # the rest of Orbax's writes fail alike
+                logging.getLogger("asyncio").setLevel(logging.CRITICAL)
                 held.discard()  # a page of tracebacks from Orbax's threads, all saying what ``code`` says
                 for partial in (self.path / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
                     shutil.rmtree(partial, ignore_errors=True)
@@ -187,8 +191,9 @@ class RunDirectory:
         return self._checkpoints.latest_step()
 
     def restore_checkpoint(self, template: LoopState) -> LoopState:
-        """The latest intact checkpoint, restored into the structure (and dtypes) of ``template``; a checkpoint
-        that cannot be read (a crash while writing it, a damaged disk) is reported and the one before it used.
+        """The latest intact checkpoint, restored into the structure (and dtypes) of ``template``; a
+        checkpoint that cannot be read (a crash while writing it, a damaged disk) is reported and the one
+        before it used.
 
         Raises:
           CheckpointError: no checkpoint can be read.
@@ -198,7 +203,8 @@ class RunDirectory:
         for step in sorted(self._checkpoints.all_steps(), reverse=True):
             try:
                 restored = self._checkpoints.restore(step, args=ocp.args.StandardRestore(abstract))
-            except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint falls back to the previous one
+            except Exception as exc:  # noqa: BLE001
+                # any unreadable checkpoint falls back to the previous one
                 print(f"fedjax-lab: checkpoint of round {step} in {self.path} cannot be read "
                       f"({type(exc).__name__}); trying the one before it", file=sys.stderr)
                 damaged.append(step)
@@ -206,7 +212,8 @@ class RunDirectory:
             for step in damaged:  # the resumed run writes them again
                 self._checkpoints.delete(step)
             return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
-        raise CheckpointError(f"no readable checkpoint in {self.path / 'checkpoints'}; start again with --overwrite")
+        raise CheckpointError(f"no readable checkpoint in {self.path / 'checkpoints'}; start again with "
+                              "--overwrite")
 
 
 class _HeldOutput:
@@ -219,8 +226,8 @@ class _HeldOutput:
 
 @contextlib.contextmanager
 def _held_stderr():
-    """Holds back what is written to file descriptor 2 (Orbax's threads log there) and writes it out at the end,
-    unless :meth:`_HeldOutput.discard` was called. A no-op where descriptor 2 cannot be redirected."""
+    """Holds back what is written to file descriptor 2 (Orbax's threads log there) and writes it out at the
+    end, unless :meth:`_HeldOutput.discard` was called. A no-op where descriptor 2 cannot be redirected."""
     held = _HeldOutput()
     try:
         sys.stderr.flush()
@@ -246,7 +253,8 @@ def _held_stderr():
 
 def _os_error_code(exc: BaseException) -> int | None:
     """The operating system's error number behind an exception: an ``OSError`` in its chain, or the
-    ``os_error_code='N'`` that TensorStore (under Orbax) writes into its messages; ``None`` if there is none."""
+    ``os_error_code='N'`` that TensorStore (under Orbax) writes into its messages; ``None`` if there is
+    none."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -269,8 +277,8 @@ def _parse_row(line: str) -> dict[str, Any] | None:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl`` (empty if none were written). A torn last line (the run was killed
-    while appending it) is dropped with a warning; its rounds are redone by ``--resume``.
+    """The rows of a run's ``metrics.jsonl`` (empty if none were written). A torn last line (the run was
+    killed while appending it) is dropped with a warning; its rounds are redone by ``--resume``.
 
     Raises:
       RunDirectoryError: a damaged line before the last one, named by its number.
@@ -286,10 +294,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         row = _parse_row(line)
         if row is None:
             if any(rest.strip() for rest in lines[number:]):
-                raise RunDirectoryError(f"{path}, line {number}, is damaged ({line[:40]!r}...); repair or delete "
-                                        "that line, or start again with --overwrite") from None
-            print(f"fedjax-lab: dropping the torn last line of {path} (line {number}: the run was stopped while "
-                  "writing it; --resume redoes its rounds)", file=sys.stderr)
+                raise RunDirectoryError(f"{path}, line {number}, is damaged ({line[:40]!r}...); repair or "
+                                        "delete that line, or start again with --overwrite") from None
+            print(f"fedjax-lab: dropping the torn last line of {path} (line {number}: the run was stopped "
+                  "while writing it; --resume redoes its rounds)", file=sys.stderr)
             break
         rows.append(row)
     return rows
@@ -310,5 +318,6 @@ def read_arrays(run_dir: str | Path) -> dict[str, np.ndarray]:
     loaded = [dict(np.load(b)) for b in blocks]
     joined = {k: np.concatenate([b[k] for b in loaded]) for k in loaded[0]}
     first = [int(b.stem.split("_")[1]) for b in blocks]
-    joined["round"] = np.concatenate([np.arange(f, f + len(next(iter(b.values())))) for f, b in zip(first, loaded)])
+    joined["round"] = np.concatenate([np.arange(f, f + len(next(iter(b.values()))))
+                                      for f, b in zip(first, loaded)])
     return joined

@@ -1,4 +1,5 @@
-"""The host loop: compiled blocks of rounds, with evaluation, metrics, progress and checkpoints between them."""
+"""The host loop: compiled blocks of rounds, with evaluation, metrics, progress and checkpoints between
+them."""
 
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def _check_writable(run_dir: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"run directory {str(run_dir)!r} cannot be written: {exc.strerror or exc}") from None
+        raise ConfigError(f"run directory {str(run_dir)!r} cannot be written: "
+                          f"{exc.strerror or exc}") from None
 
 
-def check_run_directory(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> tuple[str, str | None]:
+def check_run_directory(config: Config, run_dir: Path, resume: bool,
+                        overwrite: bool) -> tuple[str, str | None]:
     """What to do with ``run_dir`` for this request, without touching it: ``('start' | 'clear' | 'resume',
     note)``, ``note`` a line to tell the user or ``None``.
 
@@ -65,15 +68,15 @@ def check_run_directory(config: Config, run_dir: Path, resume: bool, overwrite: 
                           "--overwrite to start again")
     saved = run_dir / "config.yaml"
     if not saved.is_file():
-        raise ConfigError(f"cannot resume {run_dir}: its config.yaml is missing, so the settings of the rounds "
-                          "already run cannot be checked; restore it, or start again with --overwrite")
+        raise ConfigError(f"cannot resume {run_dir}: its config.yaml is missing, so the settings of the "
+                          "rounds already run cannot be checked; restore it, or start again with --overwrite")
     check_resumable(saved.read_text(), config, str(run_dir))
     checkpoints = run_dir / "checkpoints"
     if not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
         return "clear", f"--resume: {run_dir} has no checkpoint yet; starting from round 0"
     if not (run_dir / "metrics.jsonl").is_file():
-        raise RunDirectoryError(f"cannot resume {run_dir}: its metrics.jsonl is missing, so the curve of the rounds "
-                                "already run is lost; start again with --overwrite")
+        raise RunDirectoryError(f"cannot resume {run_dir}: its metrics.jsonl is missing, so the curve of the "
+                                "rounds already run is lost; start again with --overwrite")
     return "resume", None
 
 
@@ -98,7 +101,8 @@ def divergence(rows: list[dict[str, Any]], initial_test_loss: float) -> str | No
             if isinstance(value, float) and not np.isfinite(value):
                 return f"{name} is {value} at round {row['round']}"
         if row.get("test_loss", 0.0) > EXPLOSION_FACTOR * max(initial_test_loss, 1.0):
-            return f"test_loss {row['test_loss']:.4g} exceeds {EXPLOSION_FACTOR:g}x the initial {initial_test_loss:.4g}"
+            return (f"test_loss {row['test_loss']:.4g} exceeds {EXPLOSION_FACTOR:g}x the initial "
+                    f"{initial_test_loss:.4g}")
     return None
 
 
@@ -132,16 +136,19 @@ def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False,
     """
     run_dir = Path(run_dir)
     if join_processes(config) and jax.process_index() > 0:
-        run_dir = run_dir / f".process_{jax.process_index()}"  # process 0 writes the run; the others keep a copy
+        # process 0 writes the run; the others keep a copy
+        run_dir = run_dir / f".process_{jax.process_index()}"
     with StopOnSignal(f"the run in {run_dir}") as stop_request:
         return _run(config, run_dir, resume, overwrite, progress, stop_after_round, experiment, stop_request)
 
 
-def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, stop_after_round: int | None,
-         experiment: Experiment | None, stop_request: StopOnSignal) -> dict[str, Any]:
+def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool,
+         stop_after_round: int | None, experiment: Experiment | None,
+         stop_request: StopOnSignal) -> dict[str, Any]:
     resumed = prepare_run_directory(config, run_dir, resume, overwrite)
     finished = run_dir / "summary.json"
-    if resumed and finished.exists() and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds:
+    if (resumed and finished.exists()
+            and (read_metrics(run_dir) or [{}])[-1].get("round") == config.rounds.num_rounds):
         print(f"fedjax-lab: {run_dir} has finished all {config.rounds.num_rounds} rounds; nothing to resume "
               "(its results are unchanged)", file=sys.stderr)
         return json.loads(finished.read_text())
@@ -151,8 +158,9 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
     if resumed:
         state = directory.restore_checkpoint(state)
         if agreed(int(state.round), min) != agreed(int(state.round), max):
-            raise RunDirectoryError(f"cannot resume {run_dir}: the processes' latest checkpoints are at different "
-                                    "rounds; delete the later ones, or start again with --overwrite")
+            raise RunDirectoryError(f"cannot resume {run_dir}: the processes' latest checkpoints are at "
+                                    "different rounds; delete the later ones, or start again with "
+                                    "--overwrite")
         directory.truncate_metrics(int(state.round))
         (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when the run finishes
     else:
@@ -193,8 +201,8 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
 
 
 def agreed(value: int, reduce) -> int:
-    """``reduce`` (``max``, ``min``) of an integer over the processes of a distributed run (a collective: every
-    process must call it); the value itself in a single process."""
+    """``reduce`` (``max``, ``min``) of an integer over the processes of a distributed run (a collective:
+    every process must call it); the value itself in a single process."""
     if jax.process_count() == 1:
         return value
     from jax.experimental import multihost_utils
@@ -202,10 +210,10 @@ def agreed(value: int, reduce) -> int:
     return int(reduce(np.asarray(multihost_utils.process_allgather(np.int32(value))).ravel()))
 
 
-def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: int, initial_test_loss: float, bar,
-                timings: list, stop_request: StopOnSignal) -> tuple[Any, str | None]:
-    """Runs compiled blocks of rounds until round ``stop`` or divergence, writing metrics and checkpoints as it
-    goes; returns the state and why the run diverged (or ``None``).
+def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: int, initial_test_loss: float,
+                bar, timings: list, stop_request: StopOnSignal) -> tuple[Any, str | None]:
+    """Runs compiled blocks of rounds until round ``stop`` or divergence, writing metrics and checkpoints as
+    it goes; returns the state and why the run diverged (or ``None``).
 
     Raises:
       StopRequested: a signal arrived; the state so far is checkpointed first.
@@ -239,7 +247,8 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
             print(f"fedjax-lab: run diverged ({diverged}); stopped", file=sys.stderr)
             break
         blocks_run += 1
-        if int(state.round) == total or (config.checkpoint.every_blocks and blocks_run % config.checkpoint.every_blocks == 0):
+        if int(state.round) == total or (config.checkpoint.every_blocks
+                                         and blocks_run % config.checkpoint.every_blocks == 0):
             directory.save_checkpoint(state)
         bar.update(num_rounds)
         if "test_accuracy" in rows[-1]:
@@ -259,22 +268,25 @@ INTERRUPTED = "interrupted.json"
 ``summary.json``, which says a run has finished; a resumed run removes it."""
 
 
-def _leave_what_ran(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> None:
-    """After an interruption: the summary of the rounds that ran (``interrupted.json``) and their curves, so the
-    run directory shows what happened. A failure to write them (a full disk) does not hide the interruption."""
+def _leave_what_ran(directory: RunDirectory, timings: list[tuple[int, float]],
+                    experiment: Experiment) -> None:
+    """After an interruption: the summary of the rounds that ran (``interrupted.json``) and their curves, so
+    the run directory shows what happened. A failure to write them (a full disk) does not hide the
+    interruption."""
     try:
         summary = {**_summarise(directory, timings, experiment), "interrupted": True,
                    "num_rounds": experiment.config.rounds.num_rounds}
         write_atomically(directory.path / INTERRUPTED, json.dumps(summary, indent=2) + "\n")
         total = experiment.config.rounds.num_rounds
         plot_runs([directory.path], directory.path / "curves.png",
-                  title=f"{describe_run(run_config(directory.path))}: interrupted at round {summary['rounds']} of "
-                        f"{total}")
+                  title=f"{describe_run(run_config(directory.path))}: interrupted at round "
+                        f"{summary['rounds']} of {total}")
     except (OSError, ValueError, KeyError):
         pass
 
 
-def _summarise(directory: RunDirectory, timings: list[tuple[int, float]], experiment: Experiment) -> dict[str, Any]:
+def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
+               experiment: Experiment) -> dict[str, Any]:
     rows = directory.read_metrics()
     evaluated = [row for row in rows if "test_accuracy" in row]
     healthy = [row for row in evaluated if "diverged" not in row] or evaluated[:1]

@@ -32,15 +32,16 @@ class StopRequested(Exception):
 
 
 class RunInterrupted(Exception):
-    """A run (or sweep) was stopped by a signal; its results up to ``last_round`` are on disk and ``resume`` is
-    the command that continues it. The command line exits with ``128 + signum`` (130 Ctrl-C, 143 SIGTERM)."""
+    """A run (or sweep) was stopped by a signal; its results up to ``last_round`` are on disk and ``resume``
+    is the command that continues it. The command line exits with ``128 + signum`` (130 Ctrl-C, 143
+    SIGTERM)."""
 
     def __init__(self, run_dir: Path, last_round: int, signum: int = signal.SIGINT, checkpointed: bool = True,
                  resume: str | None = None):
         resume = resume or resume_command(run_dir)
         since = "" if checkpointed else " (--resume continues from its last checkpoint)"
-        super().__init__(f"interrupted ({signal.Signals(signum).name}); results up to round {last_round} are in "
-                         f"{run_dir}{since}; resume with:\n  {resume}")
+        super().__init__(f"interrupted ({signal.Signals(signum).name}); results up to round {last_round} are "
+                         f"in {run_dir}{since}; resume with:\n  {resume}")
         self.run_dir, self.last_round, self.signum = run_dir, last_round, signum
 
 
@@ -52,7 +53,8 @@ def resume_command(run_dir: Path) -> str:
 
 EXIT_ON_SECOND_SIGNAL = False
 """Whether a second signal ends the process at once (``os._exit``): set by the command line, which owns its
-process. In a notebook or a script the second signal raises ``KeyboardInterrupt`` in the main thread instead."""
+process. In a notebook or a script the second signal raises ``KeyboardInterrupt`` in the main thread
+instead."""
 
 REPEAT_WINDOW_S = 0.5
 """A signal this soon after the first counts as the same one: a wrapper that forwards the terminal's Ctrl-C to
@@ -117,15 +119,16 @@ class StopOnSignal:
             if not data:
                 return
             for signum in data:
-                if signum not in SIGNALS or self._count and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
+                if (signum not in SIGNALS
+                        or self._count and time.monotonic() - self._first_at < REPEAT_WINDOW_S):
                     continue
                 self._count += 1
                 name = signal.Signals(signum).name
                 if self._count == 1:
                     self._signum, self._first_at = signum, time.monotonic()
-                    print(f"\nfedjax-lab: {name}: stopping {self.what} after the current block, once its results "
-                          "are written (again to stop at once, losing the rounds since the last checkpoint)",
-                          file=sys.stderr, flush=True)
+                    print(f"\nfedjax-lab: {name}: stopping {self.what} after the current block, once its "
+                          "results are written (again to stop at once, losing the rounds since the last "
+                          "checkpoint)", file=sys.stderr, flush=True)
                 elif EXIT_ON_SECOND_SIGNAL:
                     print(f"\nfedjax-lab: {name} again: stopping at once; --resume continues from the last "
                           "checkpoint", file=sys.stderr, flush=True)
@@ -135,7 +138,8 @@ class StopOnSignal:
 
     def _handle(self, signum: int, frame) -> None:
         """The Python-level handler, run for each signal in the main thread between bytecodes: nothing on the
-        first, which the reader thread has seen; ``KeyboardInterrupt`` once the reader has counted a second."""
+        first, which the reader thread has seen; ``KeyboardInterrupt`` once the reader has counted a
+        second."""
         if self._count >= 2 and not self._raised:
             self._raised = True  # once: the signal itself and the reader's nudge may both land here
             raise KeyboardInterrupt

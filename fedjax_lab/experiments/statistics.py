@@ -1,7 +1,8 @@
-"""Statistics that decide a reproduction's claims: means with sample standard deviations, and each claim judged
-by the paired difference over seeds and its Student-t interval.
+"""Statistics that decide a reproduction's claims: means with sample standard deviations, and each claim
+judged by the paired difference over seeds and its Student-t interval.
 
-A claim "method beats base by the paper's gain ``g``" is, over seeds run in pairs (the same seed for both arms):
+A claim "method beats base by the paper's gain ``g``" is, over seeds run in pairs (the same seed for both
+arms):
 
 * **held** when the 95 % interval of the mean paired difference excludes zero on the paper's side (a gain in
   the paper's direction, possibly smaller than the paper's: the interval says how large);
@@ -37,9 +38,11 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1.0:
         return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast below this point; use the symmetry above it
+    # the fraction converges fast below this point; use the symmetry above it
+    if x > (a + 1.0) / (a + b + 2.0):
         return 1.0 - _incomplete_beta(b, a, 1.0 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
+                     + b * math.log1p(-x)) / a
     # 1 / (1 + d_1 / (1 + d_2 / ...)): with b_0 = 0, f starts at (and c at) a tiny stand-in for zero.
     tiny, d = 1e-300, 0.0
     f = c = tiny
@@ -96,14 +99,15 @@ class PairedDifference(NamedTuple):
 
 def paired_difference(method: Sequence[float], base: Sequence[float], *,
                       confidence: float = 0.95) -> PairedDifference:
-    """``method[i] - base[i]`` over pairs run with the same seed: mean, ddof-1 standard deviation and the Student-t
-    interval ``mean ± t_{(1+confidence)/2, n-1} std / sqrt(n)``.
+    """``method[i] - base[i]`` over pairs run with the same seed: mean, ddof-1 standard deviation and the
+    Student-t interval ``mean ± t_{(1+confidence)/2, n-1} std / sqrt(n)``.
 
     Raises:
       ValueError: the two arms have different numbers of runs, or none.
     """
     if len(method) != len(base) or not method:
-        raise ValueError(f"paired_difference needs equally many runs of each arm, got {len(method)} and {len(base)}")
+        raise ValueError(f"paired_difference needs equally many runs of each arm, got {len(method)} and "
+                         f"{len(base)}")
     differences = [m - b for m, b in zip(method, base)]
     mean, std = mean_std(differences)
     n = len(differences)

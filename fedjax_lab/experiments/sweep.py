@@ -4,11 +4,12 @@
 members (each a full config, written to its own run directory) and, when the members differ only in their seed
 and data fields (``hyperparams.py``), runs them as one program: the loop state is stacked over the members and
 ``vmap``-ed, ``member_chunk`` members at a time (``lax.map`` over the chunks bounds memory, as ``chunk_size``
-does for the cohort), and split over ``parallel.devices`` devices. Members that change shapes or structure (a model size, the cohort, the method) run one
-after another instead, and the sweep says so. Either way each member's directory is an ordinary run directory
-(``config.yaml``, ``metrics.jsonl``, checkpoints, ``summary.json``, ``curves.png``) that ``fedjax-lab run
---resume`` continues, and the sweep writes ``sweep.md`` / ``sweep.json`` (final and best accuracy per member, mean
-and spread over seeds) and ``curves.png`` (the curves of each setting with their spread over seeds).
+does for the cohort), and split over ``parallel.devices`` devices. Members that change shapes or structure (a
+model size, the cohort, the method) run one after another instead, and the sweep says so. Either way each
+member's directory is an ordinary run directory (``config.yaml``, ``metrics.jsonl``, checkpoints,
+``summary.json``, ``curves.png``) that ``fedjax-lab run --resume`` continues, and the sweep writes
+``sweep.md`` / ``sweep.json`` (final and best accuracy per member, mean and spread over seeds) and
+``curves.png`` (the curves of each setting with their spread over seeds).
 
 A seed in a grid varies the training's randomness (initialisation, cohorts, shuffles); the data and its
 partition stay those of the base config's seed, which each member's config pins (``dataset.seed``).
@@ -76,11 +77,12 @@ def expand(config: Config, grid: Grid) -> list[Member]:
             raise ConfigError(f"grid {key}: give at least one value")
         repeated = [v for i, v in enumerate(values) if v in values[:i]]
         if repeated:
-            raise ConfigError(f"grid {key}: {repeated[0]!r} is listed twice in {values}; each member needs its own "
-                              "values (and run directory)")
+            raise ConfigError(f"grid {key}: {repeated[0]!r} is listed twice in {values}; each member needs "
+                              "its own values (and run directory)")
     raw = config.model_dump(mode="json")
     if "seed" in grid and "seed" in type(config.dataset).model_fields and raw["dataset"].get("seed") is None:
-        raw["dataset"]["seed"] = config.seed  # the data stays the base config's; only training randomness varies
+        # the data stays the base config's; only training randomness varies
+        raw["dataset"]["seed"] = config.seed
     members = []
     for combination in itertools.product(*grid.values()):
         values = dict(zip(grid, combination))
@@ -95,8 +97,8 @@ def expand(config: Config, grid: Grid) -> list[Member]:
     names = [m.name for m in members]
     shared = sorted({n for n in names if names.count(n) > 1})
     if shared:
-        raise ConfigError(f"grid: several members would share the run directory {shared[0]!r}; give values that "
-                          "differ as written")
+        raise ConfigError(f"grid: several members would share the run directory {shared[0]!r}; give values "
+                          "that differ as written")
     return members
 
 
@@ -119,17 +121,17 @@ def why_not_one_program(members: list[Member]) -> str | None:
         if structure(member) != first:
             data = hyperparams.hyperparams(member.config)
             keys = [k for k in member.values if k != "seed" and k not in data]
-            return (f"{', '.join(keys) or 'the grid'} changes the program's structure or shapes (only seed and the "
-                    f"float fields of client and algorithm are data: {', '.join(data)})")
+            return (f"{', '.join(keys) or 'the grid'} changes the program's structure or shapes (only seed "
+                    f"and the float fields of client and algorithm are data: {', '.join(data)})")
     return None
 
 
 def default_member_chunk(num_members: int, backend: str, model: str = "mlp") -> int | None:
     """Members vmapped at once when ``member_chunk`` is unset (docs/benchmarks.md has the measurements), or
-    ``None`` for separate runs one after another: all of them on an accelerator; on CPU up to 8 for dense models
-    (8 MNIST-MLP seeds ran 1.11-1.20x their runs one after another; fewer at a time ran 0.83-0.87x), and separate
-    runs for convolutional models, whose vmapped convolutions run slower per example on CPU (the cohort's reason,
-    ``build.default_chunk_size``), so that a sweep is never slower than its runs."""
+    ``None`` for separate runs one after another: all of them on an accelerator; on CPU up to 8 for dense
+    models (8 MNIST-MLP seeds ran 1.11-1.20x their runs one after another; fewer at a time ran 0.83-0.87x),
+    and separate runs for convolutional models, whose vmapped convolutions run slower per example on CPU (the
+    cohort's reason, ``build.default_chunk_size``), so that a sweep is never slower than its runs."""
     if backend != "cpu":
         return num_members
     if model in CONV_MODELS:
@@ -159,8 +161,8 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     reason = why_not_one_program(members) if len(members) > 1 else "a single member"
     chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
     if reason is None and chunk is None:
-        reason = (f"{config.model.name} is convolutional: on CPU its vmapped members run slower than separate runs; "
-                  "--chunk N vmaps them anyway")
+        reason = (f"{config.model.name} is convolutional: on CPU its vmapped members run slower than "
+                  "separate runs; --chunk N vmaps them anyway")
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
     if overwrite and sweep_dir.exists():  # the members' runs and the table; nothing else in the folder
@@ -172,16 +174,19 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     if reason is None:
         devices = sweep_devices(config)
         if len(members) % devices:
-            raise ConfigError(f"parallel.devices={devices} must divide the number of members ({len(members)})")
+            raise ConfigError(f"parallel.devices={devices} must divide the number of members "
+                              f"({len(members)})")
         share = len(members) // devices
         chunk = min(chunk, share) if member_chunk is None else chunk
         if share % chunk:
-            raise ConfigError(f"--chunk must divide each device's share of the members ({share}), got {chunk}")
+            raise ConfigError(f"--chunk must divide each device's share of the members ({share}), got "
+                              f"{chunk}")
         layout = f"one program, {chunk} member(s) vmapped at a time" + (
             f" on each of {devices} devices" if devices > 1 else "")
         print(f"fedjax-lab: sweep of {len(members)} members as {layout}", file=sys.stderr)
         with StopOnSignal(f"the sweep in {sweep_dir}") as stop_request:
-            summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round, stop_request)
+            summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round,
+                                      stop_request)
     else:
         layout = f"one after another ({reason})"
         print(f"fedjax-lab: sweep of {len(members)} members runs {layout}", file=sys.stderr)
@@ -227,7 +232,8 @@ class SweepProgram:
         return self._run(states, self.keys, self.values, self.experiment.inputs, num_rounds=num_rounds)
 
 
-def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: int | None = None) -> SweepProgram:
+def build_sweep_program(members: list[Member], member_chunk: int,
+                        cohort_chunk: int | None = None) -> SweepProgram:
     """Builds the shared program once from the members' structure config (:func:`_structure_config`) and
     vmaps it over their keys and hyper-parameter values, ``member_chunk`` members at a time. ``cohort_chunk``
     overrides the cohort's chunk size (default: a single run's, which also measured fastest under the members'
@@ -235,10 +241,12 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
     structure = _structure_config(members)
     devices = sweep_devices(structure)
     mesh = client_mesh(devices) if devices > 1 else None
-    structure = structure.model_copy(update={"parallel": structure.parallel.model_copy(update={"devices": 1})})
+    structure = structure.model_copy(
+        update={"parallel": structure.parallel.model_copy(update={"devices": 1})})
     experiment = build_experiment(structure)
     if cohort_chunk is not None:
-        experiment = dataclasses.replace(experiment, plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
+        experiment = dataclasses.replace(experiment,
+                                         plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
     algorithm_at, plan, classifier = experiment.algorithm_at, experiment.plan, experiment.classifier
 
     @jax.jit
@@ -246,8 +254,8 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
         def one(key, hp):
             member_inputs = inputs._replace(key=key, hparams=hp)
             params = classifier.init(randomness.init_key(key))
-            return init_loop_state(algorithm_at(member_inputs, jnp.zeros((), jnp.int32)), params, plan.num_clients,
-                                   plan, member_inputs)
+            return init_loop_state(algorithm_at(member_inputs, jnp.zeros((), jnp.int32)), params,
+                                   plan.num_clients, plan, member_inputs)
 
         return map_cohort(one, member_chunk, keys, values, mesh=mesh)
 
@@ -267,19 +275,21 @@ def build_sweep_program(members: list[Member], member_chunk: int, cohort_chunk: 
 
 def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bool, progress: bool,
                   stop_after_round: int | None, stop_request: StopOnSignal) -> list[dict[str, Any]]:
-    """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics, checkpoint."""
+    """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics,
+    checkpoint."""
     total = members[0].config.rounds.num_rounds
     taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
     if taken and not resume:
-        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members ({', '.join(taken)}); "
+        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members "
+                          f"({', '.join(taken)}); "
                           "pass --resume to continue them or --overwrite to start again")
     plans = [check_run_directory(m.config, sweep_dir / m.name, resume, overwrite=False) for m in members]
     resumed = [action == "resume" for action, _ in plans]
     if any(resumed) and not all(resumed):
         fresh = [m.name for m, r in zip(members, resumed) if not r]
-        raise ConfigError(f"cannot resume {sweep_dir} as one program: members {', '.join(fresh)} have no checkpoint "
-                          "while the others have; resume each with fedjax-lab run MEMBER/config.yaml --run-dir "
-                          "MEMBER --resume, or start again with --overwrite")
+        raise ConfigError(f"cannot resume {sweep_dir} as one program: members {', '.join(fresh)} have no "
+                          "checkpoint while the others have; resume each with fedjax-lab run "
+                          "MEMBER/config.yaml --run-dir MEMBER --resume, or start again with --overwrite")
     finished = [sweep_dir / m.name / "summary.json" for m in members]
     if all(resumed) and all(f.exists() and _done(read_metrics(f.parent), total) for f in finished):
         print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
@@ -287,8 +297,8 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         return [json.loads(f.read_text()) for f in finished]
     if not all(resumed):
         if resume:
-            print(f"fedjax-lab: --resume: {sweep_dir} has no checkpoint yet; starting every member from round 0",
-                  file=sys.stderr)
+            print(f"fedjax-lab: --resume: {sweep_dir} has no checkpoint yet; starting every member from "
+                  "round 0", file=sys.stderr)
         for m in members:
             clear_run(sweep_dir / m.name)
     program = build_sweep_program(members, chunk)
@@ -300,8 +310,10 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         first = int(states.round[0])
         if any(int(r) != first for r in states.round):
             raise ConfigError(f"cannot resume {sweep_dir}: its members' checkpoints are at different rounds "
-                              f"({sorted({int(r) for r in states.round})}); resume them one by one with fedjax-lab run")
-        # A member that diverged stopped writing at its divergence; it stays stopped (its state still runs along).
+                              f"({sorted({int(r) for r in states.round})}); resume them one by one with "
+                              "fedjax-lab run")
+        # A member that diverged stopped writing at its divergence; it stays stopped (its state still runs
+        # along).
         diverged = [(d.read_metrics() or [{}])[-1].get("diverged") for d in directories]
         for d, reason in zip(directories, diverged):
             if not reason:
@@ -314,15 +326,16 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
             with naming(d.path / "partition.*"):
                 write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
             d.metrics_path.write_text("")
-            d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
+            d.append_metrics([{"round": 0,
+                               **experiment.evaluate_params(member_params(experiment, states, i))}])
 
     config = members[0].config
     every = config.eval.every
     stop = total if stop_after_round is None else min(stop_after_round, total)
     initial_losses = [d.read_metrics()[0].get("test_loss", 1.0) for d in directories]
     timings, blocks_run = [], 0
-    bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress, dynamic_ncols=True,
-               desc=f"sweep of {len(members)}")
+    bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress,
+               dynamic_ncols=True, desc=f"sweep of {len(members)}")
     while int(states.round[0]) < stop:
         if stop_request.signum is not None:
             for i, d in enumerate(directories):  # every member, so that all resume from the same round
@@ -377,13 +390,15 @@ def _done(rows: list[dict[str, Any]], total: int) -> bool:
 
 
 def member_params(experiment, states, i: int):
-    """Member ``i``'s model as evaluation reports it (the global model, or FedExP's average of two iterates)."""
+    """Member ``i``'s model as evaluation reports it (the global model, or FedExP's average of two
+    iterates)."""
     return experiment.algorithm.evaluated_params(_member(states, i).server_state)
 
 
 def _structure_config(members: list[Member]) -> Config:
     """The config that decides the shared program's structure: the first member's, with a momentum buffer or
-    weight decay wherever any member uses one (at a value of 0 they compute exactly what their absence does)."""
+    weight decay wherever any member uses one (at a value of 0 they compute exactly what their absence
+    does)."""
     base = members[0].config
     client = base.client.model_copy(update={
         "momentum": max(m.config.client.momentum for m in members),
@@ -401,13 +416,15 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
              "diverged": s.get("diverged")} for m, s in zip(members, summaries)]
     settings: dict[str, list[int]] = {}
     for i, m in enumerate(members):
-        settings.setdefault(",".join(f"{k}={v}" for k, v in m.values.items() if k != "seed") or "all", []).append(i)
+        settings.setdefault(",".join(f"{k}={v}" for k, v in m.values.items() if k != "seed") or "all",
+                            []).append(i)
     groups = []
     for label, idx in settings.items():
         finals = [rows[i]["final_accuracy"] for i in idx]
         bests = [rows[i]["best_accuracy"] for i in idx]
         groups.append({"setting": label, "members": len(idx), "final_mean": float(np.mean(finals)),
-                       "final_std": _std(finals), "best_mean": float(np.mean(bests)), "best_std": _std(bests)})
+                       "final_std": _std(finals), "best_mean": float(np.mean(bests)),
+                       "best_std": _std(bests)})
     summary = {"grid": grid, "layout": layout, "seconds": seconds, "members": rows, "settings": groups}
     write_atomically(sweep_dir / "sweep.json", json.dumps(summary, indent=1, default=str) + "\n")
     lines = [f"# Sweep: {len(members)} members, {layout}, {seconds:.0f} s", "",
@@ -446,7 +463,8 @@ def _plot_spread(sweep_dir: Path, members: list[Member], settings: dict[str, lis
         rounds = np.array([x for x, _ in curves[0][:length]])
         accuracy = np.array([[y for _, y in c[:length]] for c in curves])
         mean, std = accuracy.mean(0), accuracy.std(0, ddof=1) if len(idx) > 1 else np.zeros(length)
-        (line,) = ax.plot(rounds, mean, label=f"{label} (mean of {len(idx)} seed{'s' if len(idx) > 1 else ''})")
+        (line,) = ax.plot(rounds, mean,
+                          label=f"{label} (mean of {len(idx)} seed{'s' if len(idx) > 1 else ''})")
         if len(idx) > 1:
             ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2,
                             label=f"{label}: ± 1 sample std over seeds")

@@ -16,7 +16,7 @@ from fedjax_lab.models.tasks import (
 )
 
 __all__ = [
-    "CNN3", "MLP", "BHerdCNN", "CharRNN", "Classifier", "FedAvgCNN", "FeddleCNN", "LinearSVM", "LogisticRegression", "ResNet", "SimpleCNN",
-    "StagedModel", "Standardize", "as_float", "as_tokens", "cross_entropy_loss", "masked_mean", "middle_stage", "resnet8",
-    "resnet18",
+    "CNN3", "MLP", "BHerdCNN", "CharRNN", "Classifier", "FedAvgCNN", "FeddleCNN", "LinearSVM",
+    "LogisticRegression", "ResNet", "SimpleCNN", "StagedModel", "Standardize", "as_float", "as_tokens",
+    "cross_entropy_loss", "masked_mean", "middle_stage", "resnet8", "resnet18",
 ]

@@ -23,8 +23,8 @@ def random_flip(key: jax.Array, batch: dict) -> jax.Array:
 
 
 def random_crop(key: jax.Array, batch: dict, padding: int = 4) -> jax.Array:
-    """Zero-pads each image by ``padding`` pixels and crops a random window of the original size (torchvision's
-    ``RandomCrop(size, padding)``)."""
+    """Zero-pads each image by ``padding`` pixels and crops a random window of the original size
+    (torchvision's ``RandomCrop(size, padding)``)."""
     x = batch["x"]
     _, h, w, _ = x.shape
     padded = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))

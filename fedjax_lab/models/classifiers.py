@@ -1,4 +1,5 @@
-"""Dense models: logistic regression, the linear SVM and the MLP, with the stage interface of :mod:`.staged`."""
+"""Dense models: logistic regression, the linear SVM and the MLP, with the stage interface of
+:mod:`.staged`."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class LogisticRegression(StagedModel):
 
 
 class LinearSVM(StagedModel):
-    """The linear score ``w^T flatten(x)`` (no bias, zero init) of BHerd's squared-hinge SVM; train it with the
-    ``squared_hinge`` objective of :class:`~fedjax_lab.models.tasks.Classifier`."""
+    """The linear score ``w^T flatten(x)`` (no bias, zero init) of BHerd's squared-hinge SVM; train it with
+    the ``squared_hinge`` objective of :class:`~fedjax_lab.models.tasks.Classifier`."""
 
     stages: ClassVar[tuple[str, ...]] = ("flatten",)
 

@@ -3,12 +3,14 @@
 Every model takes ``lowering`` ('xla' or 'im2col', speed only; see :mod:`.layers`) and exposes named stages.
 
 References:
-  NIID-Bench simple-CNN: Li et al., "Federated Learning on Non-IID Data Silos: An Experimental Study", ICDE 2022.
+  NIID-Bench simple-CNN: Li et al., "Federated Learning on Non-IID Data Silos: An Experimental Study",
+  ICDE 2022.
   FedAvg CNN: McMahan et al., AISTATS 2017 (1,663,370 parameters on MNIST with SAME padding).
   BHerd CNN: the BHerd reference code (two 5x5x32 convolutions with LRN).
   FedCOG CIFAR-100 CNN: Ye et al., "Fake It Till Make It", CVPR 2024 (69,380 parameters).
   Feddle CNN: Zhu et al., "Unlocking the Value of Decentralized Data: A Federated Dual Learning Approach for
-  Model Aggregation", App. D ("three convolutional layers, one pooling layer, and two fully connected layers").
+  Model Aggregation", App. D ("three convolutional layers, one pooling layer, and two fully connected
+  layers").
 """
 
 from __future__ import annotations

@@ -28,13 +28,14 @@ def max_pool_2x2(x: jax.Array, padding: str = "VALID") -> jax.Array:
     _, h, w, _ = x.shape
     if h % 2 or w % 2:
         return nn.max_pool(x, (2, 2), strides=(2, 2), padding=padding)
-    return jnp.maximum(jnp.maximum(x[:, 0::2, 0::2], x[:, 1::2, 0::2]), jnp.maximum(x[:, 0::2, 1::2], x[:, 1::2, 1::2]))
+    return jnp.maximum(jnp.maximum(x[:, 0::2, 0::2], x[:, 1::2, 0::2]),
+                       jnp.maximum(x[:, 0::2, 1::2], x[:, 1::2, 1::2]))
 
 
 def im2col(x: jax.Array, kernel_size: tuple[int, int], padding: str | int, strides: tuple[int, int] = (1, 1)
            ) -> jax.Array:
-    """``[B, H', W', kh*kw*C]`` patches of a convolution, built by (strided) slicing (rows ordered (kh, kw, C),
-    matching a Flax ``Conv`` kernel ``[kh, kw, C, F]`` reshaped to ``[kh*kw*C, F]``)."""
+    """``[B, H', W', kh*kw*C]`` patches of a convolution, built by (strided) slicing (rows ordered (kh, kw,
+    C), matching a Flax ``Conv`` kernel ``[kh, kw, C, F]`` reshaped to ``[kh*kw*C, F]``)."""
     kh, kw = kernel_size
     sh, sw = strides
     x = pad_input(x, kernel_size, padding)
@@ -92,9 +93,9 @@ def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
     Output columns are taken ``wb`` at a time. A row of the left operand holds the ``kh x (wb + kw - 1) x C``
     inputs one band needs (:func:`band_rows`, duplicating inputs ``kh (wb + kw - 1) / wb`` times, against
-    im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the band)
-    comes from a small einsum, so the gradients are matrix products too. XLA's CPU convolution is slow for the
-    few channels of small CNNs; this lowering makes the simple-CNN step several times faster there
+    im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the
+    band) comes from a small einsum, so the gradients are matrix products too. XLA's CPU convolution is slow
+    for the few channels of small CNNs; this lowering makes the simple-CNN step several times faster there
     (docs/benchmarks.md).
     """
     b, h, w, c = x.shape
@@ -108,7 +109,8 @@ def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
         for j in range(kw):
             shift[v + j, v, j] = 1.0
     toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
-    y = rows.reshape(b * out_h * (out_w // wb), kh * span * c) @ toeplitz.reshape(kh * span * c, wb * features)
+    y = (rows.reshape(b * out_h * (out_w // wb), kh * span * c)
+         @ toeplitz.reshape(kh * span * c, wb * features))
     return y.reshape(b, out_h, out_w, features)
 
 
@@ -119,8 +121,8 @@ class Conv(nn.Module):
     * ``'xla'``: ``lax.conv_general_dilated`` (XLA's convolution);
     * ``'im2col'``: patches by slicing, then one matrix product; inside a ``lax.scan`` body on CPU this is
       over 100 times faster than XLA's convolution for ResNet-18's 64-channel layers (docs/benchmarks.md);
-    * ``'banded'``: :func:`banded_conv`, the fastest on CPU for small CNNs (stride 1; strided convolutions fall
-      back to ``'im2col'``).
+    * ``'banded'``: :func:`banded_conv`, the fastest on CPU for small CNNs (stride 1; strided convolutions
+      fall back to ``'im2col'``).
 
     ``padding``: ``'SAME'`` (stride 1 only, XLA's), ``'VALID'``, or ``p`` zeros on every side.
     """
@@ -193,7 +195,8 @@ def flatten(x: jax.Array) -> jax.Array:
 
 def num_params(variables, collection: str = "params") -> int:
     """The number of scalars in a collection of Flax variables (all leaves for a plain pytree)."""
-    tree = variables.get(collection, {}) if isinstance(variables, dict) and "params" in variables else variables
+    tree = (variables.get(collection, {}) if isinstance(variables, dict) and "params" in variables
+            else variables)
     return sum(int(p.size) for p in jax.tree.leaves(tree))
 
 

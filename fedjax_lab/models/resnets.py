@@ -34,7 +34,8 @@ class BasicBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None) -> jax.Array:
         conv = lambda f, k, s: Conv(f, (k, k), k // 2, use_bias=False, lowering=self.lowering, strides=(s, s))
-        h = nn.relu(Normalization(self.norm, self.groups)(conv(self.features, 3, self.stride)(x), train, mask))
+        h = nn.relu(Normalization(self.norm, self.groups)(conv(self.features, 3, self.stride)(x),
+                                                          train, mask))
         h = Normalization(self.norm, self.groups)(conv(self.features, 3, 1)(h), train, mask)
         if self.stride != 1 or x.shape[-1] != self.features:
             x = Normalization(self.norm, self.groups)(conv(self.features, 1, self.stride)(x), train, mask)
@@ -78,11 +79,13 @@ class ResNet(StagedModel):
         return self.output(h)
 
 
-def resnet18(num_classes: int, norm: Norm = "batch", groups: int = 2, lowering: ConvLowering = "xla") -> ResNet:
+def resnet18(num_classes: int, norm: Norm = "batch", groups: int = 2,
+             lowering: ConvLowering = "xla") -> ResNet:
     """CIFAR ResNet-18 (see the module docstring)."""
     return ResNet(num_classes, (64, 128, 256, 512), (2, 2, 2, 2), norm, groups, lowering)
 
 
-def resnet8(num_classes: int, norm: Norm = "batch", groups: int = 2, lowering: ConvLowering = "xla") -> ResNet:
+def resnet8(num_classes: int, norm: Norm = "batch", groups: int = 2,
+            lowering: ConvLowering = "xla") -> ResNet:
     """CIFAR ResNet-8 (6n+2, n=1; 16/32/64 channels)."""
     return ResNet(num_classes, (16, 32, 64), (1, 1, 1), norm, groups, lowering)

@@ -17,8 +17,8 @@ from fedjax_lab.models.layers import check_stage
 
 
 def middle_stage(module) -> str:
-    """The middle of a model's stages: the default split of a lower and an upper part (``layer2`` of ResNet-18,
-    FedImpro's 9th layer; ``conv2`` of the simple-CNN)."""
+    """The middle of a model's stages: the default split of a lower and an upper part (``layer2`` of
+    ResNet-18, FedImpro's 9th layer; ``conv2`` of the simple-CNN)."""
     return module.stages[len(module.stages) // 2 - 1]
 
 
@@ -33,14 +33,16 @@ class StagedModel(nn.Module):
     def head(self, h: jax.Array) -> jax.Array:
         raise NotImplementedError
 
-    def lower(self, x: jax.Array, split: str, train: bool = False, mask: jax.Array | None = None) -> jax.Array:
+    def lower(self, x: jax.Array, split: str, train: bool = False,
+              mask: jax.Array | None = None) -> jax.Array:
         """The activation after stage ``split``."""
         check_stage(split, self.stages, type(self).__name__)
         for name in self.stages[: self.stages.index(split) + 1]:
             x = self.stage(name, x, train, mask)
         return x
 
-    def upper(self, h: jax.Array, split: str, train: bool = False, mask: jax.Array | None = None) -> jax.Array:
+    def upper(self, h: jax.Array, split: str, train: bool = False,
+              mask: jax.Array | None = None) -> jax.Array:
         """The outputs computed from the activation after stage ``split``."""
         check_stage(split, self.stages, type(self).__name__)
         for name in self.stages[self.stages.index(split) + 1:]:

@@ -18,9 +18,9 @@ from fedjax_lab.models.tasks import Classifier, masked_mean
 @dataclasses.dataclass(frozen=True)
 class FeatureHeadTask:
     """A task on the server's own labels: the classifier's features, a new linear head of ``num_classes``
-    outputs, and softmax cross-entropy (FedWalk's leash task, Feddle's out-of-domain surrogate). Its batches are
-    not augmented: the clients' augmentation (crop, flip, feature-skew noise) belongs to their data, not the
-    server's."""
+    outputs, and softmax cross-entropy (FedWalk's leash task, Feddle's out-of-domain surrogate). Its batches
+    are not augmented: the clients' augmentation (crop, flip, feature-skew noise) belongs to their data, not
+    the server's."""
 
     classifier: Classifier
     num_classes: int
@@ -35,7 +35,8 @@ class FeatureHeadTask:
     def init_head(self, key: jax.Array, variables: Params) -> Params:
         """Fresh head parameters sized for the model's features."""
         dummy = jnp.zeros((1,) + tuple(self.classifier.input_shape), self.classifier.input_dtype)
-        features = jax.eval_shape(lambda v: self.classifier.features(v, self.classifier.preprocess(dummy)), variables)
+        features = jax.eval_shape(lambda v: self.classifier.features(v, self.classifier.preprocess(dummy)),
+                                  variables)
         return self.head_module.init(key, jnp.zeros((1, int(np.prod(features.shape[1:])))))
 
     def logits(self, head: Params, features: jax.Array) -> jax.Array:
@@ -61,7 +62,8 @@ class FeatureHeadTask:
         def chunk_loss(args):
             ids, m = args
             features = self.classifier.features(variables, self.classifier.preprocess(arrays["x"][ids]))
-            losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(head, features), arrays["y"][ids])
+            losses = optax.softmax_cross_entropy_with_integer_labels(self.logits(head, features),
+                                                                     arrays["y"][ids])
             return jnp.sum(losses * m)
 
         return jnp.sum(jax.lax.map(chunk_loss, (rows, mask))) / size

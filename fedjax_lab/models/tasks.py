@@ -65,7 +65,8 @@ class Standardize:
         return (as_float(x) - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(self.std, jnp.float32)
 
 
-def _outputs_and_features(module: nn.Module, x: jax.Array, train: bool = False, mask: jax.Array | None = None):
+def _outputs_and_features(module: nn.Module, x: jax.Array, train: bool = False,
+                          mask: jax.Array | None = None):
     features = module.features(x, train, mask)
     return module.head(features), features
 
@@ -107,7 +108,8 @@ class Classifier:
     input_dtype: str = "float32"
 
     def init(self, key: jax.Array) -> Params:
-        """Initial variables of the module (``{'params': ...}`` plus ``'batch_stats'`` for BatchNorm models)."""
+        """Initial variables of the module (``{'params': ...}`` plus ``'batch_stats'`` for BatchNorm
+        models)."""
         x = jnp.zeros((1,) + tuple(self.input_shape), self.input_dtype)
         return self.module.init(key, self.preprocess(x))
 
@@ -117,15 +119,18 @@ class Classifier:
 
     def apply_train(self, variables: Params, batch: Arrays, key: jax.Array, with_features: bool = False):
         """Outputs in training mode and the model's non-trainable collections after the batch; with
-        ``with_features``, the outputs are ``(outputs, features, model_inputs)`` (for representation terms)."""
+        ``with_features``, the outputs are ``(outputs, features, model_inputs)`` (for representation
+        terms)."""
         x = self.preprocess(batch["x"] if self.augment is None else self.augment(key, batch))
         mask = batch["mask"]
         method = _outputs_and_features if with_features else None
         state_names = [name for name in variables if name != "params"]
         if not state_names:
-            out, state = self.module.apply(variables, x, method=method) if method else self.module.apply(variables, x), {}
+            out, state = (self.module.apply(variables, x, method=method) if method
+                          else self.module.apply(variables, x)), {}
         else:
-            out, state = self.module.apply(variables, x, train=True, mask=mask, mutable=state_names, method=method)
+            out, state = self.module.apply(variables, x, train=True, mask=mask, mutable=state_names,
+                                           method=method)
         return ((*out, x) if with_features else out), state
 
     def model_input_shape(self) -> tuple[int, ...]:
@@ -135,9 +140,9 @@ class Classifier:
         return tuple(jax.eval_shape(self.preprocess, dummy).shape[1:])
 
     def apply_inputs(self, variables: Params, model_inputs: jax.Array, train: bool = False):
-        """``(outputs, features)`` of already preprocessed inputs; in training mode normalisation layers use the
-        batch's statistics and their updated averages are dropped (a pass that is not the training batch's:
-        VHL's virtual data, FedReg's pseudo data)."""
+        """``(outputs, features)`` of already preprocessed inputs; in training mode normalisation layers use
+        the batch's statistics and their updated averages are dropped (a pass that is not the training
+        batch's: VHL's virtual data, FedReg's pseudo data)."""
         state_names = [name for name in variables if name != "params"]
         if not train or not state_names:
             return self.module.apply(variables, model_inputs, method=_outputs_and_features)
@@ -165,22 +170,26 @@ class Classifier:
 
     def correct(self, outputs: jax.Array, y: jax.Array) -> jax.Array:
         """1.0 where the prediction equals the label."""
-        predicted = (outputs > 0).astype(y.dtype) if self.objective == "squared_hinge" else jnp.argmax(outputs, -1)
+        predicted = ((outputs > 0).astype(y.dtype) if self.objective == "squared_hinge"
+                     else jnp.argmax(outputs, -1))
         return (predicted == y).astype(jnp.float32)
 
     def batch_objective(self, variables: Params, outputs: jax.Array, batch: Arrays) -> jax.Array:
         """Mean objective over the real labels of the batch, plus the L2 term."""
-        loss = masked_mean(self.pointwise_loss(outputs, batch["y"]), self.token_weights(batch["y"], batch["mask"]))
+        loss = masked_mean(self.pointwise_loss(outputs, batch["y"]),
+                           self.token_weights(batch["y"], batch["mask"]))
         if self.l2:
             loss = loss + 0.5 * self.l2 * tree_squared_norm(variables["params"])
         return loss
 
     def loss(self, variables: Params, batch: Arrays, key: jax.Array):
-        """The engine's ``LossFn``: :meth:`batch_objective` of a training-mode forward pass, and the new model state."""
+        """The engine's ``LossFn``: :meth:`batch_objective` of a training-mode forward pass, and the new model
+        state."""
         outputs, model_state = self.apply_train(variables, batch, key)
         return self.batch_objective(variables, outputs, batch), model_state
 
-    def forward(self, variables: Params, batch: Arrays, key: jax.Array, with_features: bool = False) -> Forward:
+    def forward(self, variables: Params, batch: Arrays, key: jax.Array,
+                with_features: bool = False) -> Forward:
         """The engine's ``ForwardFn``: the training loss of :meth:`loss` with the new model state, and with
         ``with_features`` the representation and model inputs of the same pass (for representation terms)."""
         if not with_features:
@@ -209,11 +218,13 @@ class Classifier:
 
 
 def cross_entropy_loss(predict_fn: Callable[[Params, jax.Array], jax.Array]):
-    """A ``LossFn`` for a stateless ``predict_fn``: mask-weighted mean softmax cross-entropy, no model state."""
+    """A ``LossFn`` for a stateless ``predict_fn``: mask-weighted mean softmax cross-entropy, no model
+    state."""
 
     def loss_fn(params: Params, batch, key: jax.Array):
         del key
         logits = predict_fn(params, batch["x"])
-        return masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]), batch["mask"]), {}
+        return masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]),
+                           batch["mask"]), {}
 
     return loss_fn

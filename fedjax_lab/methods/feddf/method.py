@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lab.engine.components import Component, LocalResult, ServerView
-from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
+from fedjax_lab.engine.server_training import sample_server_batch, step_key, train_on_server_batches
 from fedjax_lab.engine.tree_math import tree_squared_norm, tree_sub
 from fedjax_lab.engine.types import Arrays, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
@@ -90,7 +90,7 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
         # sure the ensemble and its average member are there (members sure of different classes average to a flat
         # target); and how far distillation moved the model (a fresh Adam takes steps of about the learning rate
         # in every parameter even where the loss is already near 0).
-        key = jax.random.fold_in(view.context.key, 0)
+        key = step_key(view.context.key, 0)  # the first step's batch
         batch = draw(view.context.server_arrays, key)
         members = member_logits(classifier.predict, teachers, batch["x"])
         target = _weighted_mean(members, weights)

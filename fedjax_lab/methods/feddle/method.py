@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lab.engine import randomness
 from fedjax_lab.engine.aggregation import cohort_mask, weighted_mean
-from fedjax_lab.engine.components import Component, ServerView
+from fedjax_lab.engine.components import Component, ServerView, component_key
 from fedjax_lab.engine.server_training import sample_server_batch, train_on_server_batches
 from fedjax_lab.engine.tree_math import tree_stack_copies, tree_zeros_like
 from fedjax_lab.engine.types import Arrays, LossFn, Params
@@ -161,7 +162,7 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
                        normalize: bool = True, eviction: str = "importance",
                        surrogate: FeatureHeadTask | None = None, head_steps: int = 20,
                        head_learning_rate: float | jax.Array = 1e-3, head_key: jax.Array | None = None,
-                       probe: Callable[[Params], jax.Array] | None = None) -> Component:
+                       probe: Callable[[Params, jax.Array], jax.Array] | None = None) -> Component:
     """Feddle's merge: see the module docstring. ``loss_fn(variables, batch, key)`` is the task's loss;
     ``server_batch(arrays, key)`` draws a batch of the server's data.
 
@@ -170,14 +171,16 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
     kept across rounds. Only the body's anchors move that loss, and the coefficients are applied to the whole
     anchors, head included; the surrogate's head never enters the global model.
 
-    ``probe(variables)``, a loss on data the search never sees (Fig. 7: in-domain rows beside an out-of-domain
+    ``probe(variables, key)``, a loss on data the search never sees (Fig. 7: in-domain rows beside an out-of-domain
     search), adds the metric ``feddle_probe_cosine``: the cosine between the search's coefficient gradient and
-    the probe's, both at the search's start."""
+    the probe's, both at the search's start and drawn with the same key. ``head_key`` initialises the surrogate's head (required with one)."""
+    if surrogate is not None and head_key is None:
+        raise ValueError("coefficient_search: a surrogate needs head_key, the key of its head's initialisation")
 
     def server_init(variables):
         head = None
         if surrogate is not None:
-            head = surrogate.init_head(head_key if head_key is not None else jax.random.key(0), variables)
+            head = surrogate.init_head(head_key, variables)
         return FeddleState(init_atlas(split_variables(variables)[0], atlas_size), head)
 
     def merge(view: ServerView):
@@ -205,7 +208,7 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
                                           variables)
             head = train_head(surrogate, at_fallback, head, draw=server_batch,
                               arrays=view.context.server_arrays,
-                              key=jax.random.fold_in(view.context.key, 1_000_003), steps=head_steps,
+                              key=component_key(view.context.key, "feddle.head"), steps=head_steps,
                               learning_rate=head_learning_rate)
 
             def loss_at(p, key):
@@ -216,7 +219,7 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         if probe is not None:
             merged = lambda p: merge_variables(p, model_state, variables)
             _, g_search = coefficient_gradient(lambda p: loss_at(p, view.context.key), params, anchors, start)
-            _, g_probe = coefficient_gradient(lambda p: probe(merged(p)), params, anchors, start)
+            _, g_probe = coefficient_gradient(lambda p: probe(merged(p), view.context.key), params, anchors, start)
             g_search, g_probe = jnp.where(atlas.valid, g_search, 0.0), jnp.where(atlas.valid, g_probe, 0.0)
             metrics["feddle_probe_cosine"] = jnp.vdot(g_search, g_probe) / jnp.maximum(
                 jnp.linalg.norm(g_search) * jnp.linalg.norm(g_probe), 1e-30)
@@ -252,11 +255,11 @@ def build(config, context) -> tuple[Component, ...]:
                                fallback_init=config.fallback_init, normalize=config.normalize,
                                eviction=config.eviction, surrogate=surrogate, head_steps=config.head_steps,
                                head_learning_rate=config.head_learning_rate,
-                               head_key=jax.random.fold_in(context.key, 7),
+                               head_key=randomness.setup_key(context.key, "feddle"),
                                probe=test_probe(context, config.probe_examples)),)
 
 
-def test_probe(context, num_examples: int) -> Callable[[Params], jax.Array] | None:
+def test_probe(context, num_examples: int) -> Callable[[Params, jax.Array], jax.Array] | None:
     """The task's loss on the first ``num_examples`` test rows (``None`` for 0): a diagnostic only, never
     searched on."""
     if not num_examples:
@@ -264,4 +267,4 @@ def test_probe(context, num_examples: int) -> Callable[[Params], jax.Array] | No
     test = context.dataset.test
     n = min(num_examples, len(test["y"]))
     batch = {"x": jnp.asarray(test["x"][:n]), "y": jnp.asarray(test["y"][:n]), "mask": jnp.ones((n,), jnp.float32)}
-    return lambda variables: context.classifier.loss(variables, batch, jax.random.key(0))[0]
+    return lambda variables, key: context.classifier.loss(variables, batch, key)[0]

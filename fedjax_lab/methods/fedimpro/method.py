@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lab.engine.components import ClientView, Component, ServerView, client_class_counts
+from fedjax_lab.engine import randomness
+from fedjax_lab.engine.components import ClientView, Component, ServerView, client_class_counts, component_key
 from fedjax_lab.engine.types import Metrics, Params
 from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.models.staged import middle_stage
@@ -200,7 +201,7 @@ def shared_features(classifier: Classifier, num_classes: int, key: jax.Array, ba
 
     def finish(view: ClientView, result):
         stats: FeatureStats = result.stats.running["fedimpro"]
-        k_mean, k_spread = jax.random.split(jax.random.fold_in(view.key, 0x7FFFFFFF))
+        k_mean, k_spread = jax.random.split(component_key(view.key, "noise"))
         mean = stats.mean + noise_std * jax.random.normal(k_mean, stats.mean.shape)
         spread = jnp.maximum(stats.spread + noise_std * jax.random.normal(k_spread, stats.spread.shape), 0.0)
         return {"mean": mean, "spread": spread, "counts": client_class_counts(view, num_classes)}, ()
@@ -224,7 +225,7 @@ def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: fedimpro`` (FedAvg + FedImpro) or of a ``fedimpro`` plug-in; see
     its config in ``__init__.py``."""
     return (shared_features(context.classifier, context.dataset.num_classes,
-                            jax.random.fold_in(context.key, 0x1A9B0),
+                            randomness.setup_key(context.key, "fedimpro"),
                             batch_size=context.config.client.batch_size, split=config.split,
                             weight=config.weight, weight_schedule=config.weight_schedule,
                             ramp_rounds=config.ramp_rounds, labels=config.labels, source=config.source,

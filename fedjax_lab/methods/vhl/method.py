@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lab.engine import randomness
 from fedjax_lab.engine.components import ClientView, Component
 from fedjax_lab.models.augment import crop_and_flip
 from fedjax_lab.models.tasks import Classifier, masked_mean
@@ -135,8 +136,7 @@ def virtual_homogeneity(classifier: Classifier, key: jax.Array, num_classes: int
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: vhl`` (or of a ``vhl`` plug-in)."""
-    key = jax.random.fold_in(context.key, 0x7648)  # the virtual dataset's own stream of the run's key
-    return (virtual_homogeneity(context.classifier, key, context.dataset.num_classes, alpha=config.alpha,
+    return (virtual_homogeneity(context.classifier, randomness.setup_key(context.key, "vhl"), context.dataset.num_classes, alpha=config.alpha,
                                 align_weight=config.align_weight, virtual_weight=config.virtual_weight,
                                 temperature=config.temperature, virtual_classes=config.virtual_classes,
                                 per_class=config.per_class,
