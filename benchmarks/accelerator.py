@@ -1,13 +1,14 @@
-"""The accelerator benchmark: FedAvg with fedjax_lab's engine vs the conventional per-client loops, on the device
-JAX and PyTorch find (a GPU when there is one, else the CPU), in one command.
+"""The accelerator benchmark: FedAvg with fedjax_lab's engine vs the conventional per-client loops,
+on the device JAX and PyTorch find (a GPU when there is one, else the CPU), in one command.
 
 Workloads (FedAvg, client SGD without momentum, FedAvg server with rate 1, populations of 1000 clients from an
-IID partition, every client taking exactly ``--local-steps`` steps (default 10) so that every way does the same
-work: ``examples/round = cohort x local_steps x batch``):
+IID partition, every client taking exactly ``--local-steps`` steps (default 10) so that every way does the
+same work: ``examples/round = cohort x local_steps x batch``):
 
 * ``mlp``: the FedAvg paper's 784-200-200-10 MLP (``model: {name: mlp, hidden: [200, 200]}``) on MNIST, 60
   examples a client, batch 10, lr 0.05;
-* ``simple_cnn``: the NIID-Bench simple-CNN on CIFAR-10 (standardised), 50 examples a client, batch 25, lr 0.01;
+* ``simple_cnn``: the NIID-Bench simple-CNN on CIFAR-10 (standardised), 50 examples a client, batch 25, lr
+  0.01;
 * ``resnet18``: the CIFAR ResNet-18 of ``fedjax_lab/models/resnets.py`` (3x3 stem, BatchNorm) on CIFAR-10, as
   the simple-CNN;
 * each at cohorts of 10, 100 and 1000 clients a round (``--cohorts``);
@@ -31,9 +32,9 @@ start from the same weights; the PyTorch ResNet-18 has the same architecture and
 Reported for each (model, cohort, way), every configuration in a fresh subprocess (clean peak memory), after a
 warm-up call, as the median of ``--reps`` timed repetitions, each lasting at least ``--min-time`` seconds:
 
-* examples/s and rounds/s (for the sweep, over all members: member-rounds/s); compile time; peak memory (CPU: peak RSS of the subprocess, which includes the data
-  and, for ``torch_loop``, the JAX copy of the data it was built from; GPU: ``peak_bytes_in_use`` of the JAX
-  device or ``torch.cuda.max_memory_allocated``);
+* examples/s and rounds/s (for the sweep, over all members: member-rounds/s); compile time; peak memory (CPU:
+  peak RSS of the subprocess, which includes the data and, for ``torch_loop``, the JAX copy of the data it was
+  built from; GPU: ``peak_bytes_in_use`` of the JAX device or ``torch.cuda.max_memory_allocated``);
 * engine / way: the engine's examples/s over the way's, both measured in the same invocation;
 * FLOP/s: model FLOPs per round over the measured round time, and that over the device's peak float32 FLOP/s.
   Model FLOPs are XLA's ``cost_analysis()['flops']`` of one client step (forward, backward and update on one
@@ -41,9 +42,9 @@ warm-up call, as the median of ``--reps`` timed repetitions, each lasting at lea
   are not counted) times ``cohort x local_steps``. XLA's cost analysis of the whole ``run_rounds`` program
   (recorded as ``xla_run_rounds_flops``) counts the body of every loop once, not once per trip: it is short by
   the factor ``local_steps x cohort / chunk_size`` and is not used for the rate. The peak is a table of
-  non-tensor-core float32 peaks by GPU name (H100 SXM and H200: 67 TFLOP/s; JAX may run float32 matrix products
-  on TF32 tensor cores, so above 100% is possible), or on CPU an estimate: cores x clock x FLOPs/cycle (64 with
-  AVX-512, two FMA units assumed; 32 with AVX2 + FMA), from ``/proc/cpuinfo``.
+  non-tensor-core float32 peaks by GPU name (H100 SXM and H200: 67 TFLOP/s; JAX may run float32 matrix
+  products on TF32 tensor cores, so above 100% is possible), or on CPU an estimate: cores x clock x
+  FLOPs/cycle (64 with AVX-512, two FMA units assumed; 32 with AVX2 + FMA), from ``/proc/cpuinfo``.
 
 A configuration that runs past ``--timeout`` seconds is killed and reported as ``skipped (timeout N s)``, and
 the same (model, way) is not tried at larger cohorts; with ``--skip-slow`` (the default) a configuration whose
@@ -104,7 +105,8 @@ GPU_PEAK_FP32 = (
 log = mlp_bench.log
 
 
-def raw_config(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: int | None = None) -> dict:
+def raw_config(model: str, cohort: int, local_steps: int, seed: int = 0,
+               chunk_size: int | None = None) -> dict:
     """The config dict of a workload, as a user writes it."""
     dataset, model_cfg, batch, lr = WORKLOADS[model]
     raw = {
@@ -125,13 +127,13 @@ def examples_per_round(model: str, cohort: int, local_steps: int) -> int:
     return cohort * local_steps * WORKLOADS[model][2]
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Worker side (each configuration runs in a fresh subprocess)
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: int | None = None):
-    """``build_experiment(validate(raw))``; when the builder refuses the default cohort layout for memory (a big
-    model with the whole cohort vmapped on a GPU), the largest chunk size that it accepts."""
+    """``build_experiment(validate(raw))``; when the builder refuses the default cohort layout for memory (a
+    big model with the whole cohort vmapped on a GPU), the largest chunk size that it accepts."""
     from fedjax_lab.experiments import validate
     from fedjax_lab.experiments.build import build_experiment
     from fedjax_lab.experiments.config import ConfigError
@@ -152,7 +154,8 @@ def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: 
 
 
 def cost_flops(compiled) -> float | None:
-    """``cost_analysis()['flops']`` of a compiled JAX program (a dict, or a list of dicts in some versions)."""
+    """``cost_analysis()['flops']`` of a compiled JAX program (a dict, or a list of dicts in some
+    versions)."""
     try:
         analysis = compiled.cost_analysis()
     except Exception as exc:  # noqa: BLE001 - not every backend has a cost model
@@ -171,18 +174,20 @@ def step_flops(experiment) -> float | None:
     import jax
 
     from fedjax_lab.engine import ClientData, LocalSchedule, randomness, train_locally
-    from fedjax_lab.experiments.build import build_client_optimizer
+    from fedjax_lab.experiments.algorithms import build_client_optimizer
 
     clf = experiment.classifier
     if hasattr(clf.module, "lowering"):
         clf = dataclasses.replace(clf, module=clf.module.clone(lowering="xla"))
     cfg = experiment.config
-    schedule = LocalSchedule(cfg.client.batch_size, local_steps=1, min_examples=experiment.dataset.min_examples)
+    schedule = LocalSchedule(cfg.client.batch_size, local_steps=1,
+                             min_examples=experiment.dataset.min_examples)
     opt = build_client_optimizer(cfg)
 
     def one_step(params, arrays, ids, counts, key):
         client = ClientData(jax.numpy.int32(0), ids[0], counts[0])
-        return train_locally(params, clf.loss, opt, client, arrays, randomness.client_key(key, 0, 0), schedule)[0]
+        return train_locally(params, clf.loss, opt, client, arrays, randomness.client_key(key, 0, 0),
+                             schedule)[0]
 
     # Compiled for the CPU whatever the backend: on a GPU, XLA's convolutions are cuDNN calls, which its cost
     # analysis does not count (the H100 run of 2026-11-25 saw 15% of the simple-CNN's FLOPs and 0.6% of
@@ -262,7 +267,8 @@ def torch_model(model: str, experiment):
         with torch.no_grad():
             for name in ("conv1", "conv2"):
                 conv = getattr(net, name)
-                conv.weight.copy_(torch.from_numpy(np.asarray(p[name]["kernel"]).transpose(3, 2, 0, 1).copy()))
+                conv.weight.copy_(torch.from_numpy(
+                    np.asarray(p[name]["kernel"]).transpose(3, 2, 0, 1).copy()))
                 conv.bias.copy_(torch.from_numpy(np.asarray(p[name]["bias"]).copy()))
             for name, src in (("fc1", "fc1"), ("fc2", "fc2"), ("fc3", "output")):
                 copy_dense(getattr(net, name), p[src])
@@ -286,7 +292,8 @@ def torch_resnet18(num_classes: int):
             self.bn2 = nn.BatchNorm2d(cout)
             self.shortcut = nn.Sequential()
             if stride != 1 or cin != cout:
-                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                              nn.BatchNorm2d(cout))
 
         def forward(self, x):
             h = F.relu(self.bn1(self.conv1(x)))
@@ -453,7 +460,8 @@ def run_worker(cfg: dict) -> dict:
             calls = [torch_loop_way(model, e, steps, rounds, cores) for e in experiments]
             out["torch_device"] = str(torch_device())
             # On a CPU, 1 thread and all cores (the faster is reported): a busy machine can starve the latter.
-            threads = cfg["torch_threads"] or ([1, cores] if torch_device().type == "cpu" and cores > 1 else [cores])
+            threads = cfg["torch_threads"] or ([1, cores] if torch_device().type == "cpu" and cores > 1
+                                               else [cores])
             variants = {t: (lambda t=t: torch.set_num_threads(t)) for t in threads}
         else:
             raise ValueError(f"unknown way {way!r}")
@@ -479,7 +487,8 @@ def run_worker(cfg: dict) -> dict:
     if compile_s is None and way != "torch_loop":  # the warm-up call compiled; the timed calls did not
         compile_s = max(out["first_call_s"] - min(out["seconds_per_call"]), 0.0)
     out.update(compile_s=compile_s, rounds_per_call=rounds, members=len(seeds), examples_per_call=examples,
-               rss_before_mb=rss_before, peak_rss_mb=mlp_bench.peak_rss_mb(), device_peak_bytes=device_peak_bytes(way))
+               rss_before_mb=rss_before, peak_rss_mb=mlp_bench.peak_rss_mb(),
+               device_peak_bytes=device_peak_bytes(way))
     if cfg.get("flops_per_example") is None:
         flops = step_flops(experiments[0])
         out["flops_per_example"] = flops / WORKLOADS[model][2] if flops else None
@@ -521,7 +530,8 @@ def info_worker() -> dict:
 
 
 def cpu_clock_hz(text: str) -> tuple[float | None, str]:
-    """The nominal clock from the model name ("@ 2.60GHz"), else the largest "cpu MHz" of ``/proc/cpuinfo``."""
+    """The nominal clock from the model name ("@ 2.60GHz"), else the largest "cpu MHz" of
+    ``/proc/cpuinfo``."""
     match = re.search(r"@\s*([\d.]+)\s*GHz", text)
     if match:
         return float(match.group(1)) * 1e9, "model name"
@@ -559,11 +569,12 @@ def peak_flops(info: dict) -> tuple[float | None, str]:
                   "logical cores, turbo and AVX-512 down-clocking not accounted for")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Parent: configurations, subprocesses, skipping, table, JSON, plot
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
-def run_subprocess(args: list[str], timeout: float, env: dict | None = None) -> tuple[dict | None, str, float]:
+def run_subprocess(args: list[str], timeout: float,
+                   env: dict | None = None) -> tuple[dict | None, str, float]:
     """Runs this file with ``args``; ``(RESULT json or None, error text or '', wall seconds)``. On timeout the
     child is killed and the error says so (with what it had reported)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *args]
@@ -585,7 +596,8 @@ def run_subprocess(args: list[str], timeout: float, env: dict | None = None) -> 
     if result is not None:
         return result, "", wall
     if proc.returncode == -9 and wall >= timeout:
-        progress = [json.loads(ln[len("PROGRESS "):]) for ln in stdout.splitlines() if ln.startswith("PROGRESS ")]
+        progress = [json.loads(ln[len("PROGRESS "):]) for ln in stdout.splitlines()
+                    if ln.startswith("PROGRESS ")]
         if not progress:
             return None, f"timeout {timeout:.0f} s, while building", wall
         compiled = progress[-1].get("compile_s")
@@ -624,19 +636,23 @@ def finish_rows(rows: list[dict], peak: float | None) -> None:
         if r.get("status") != "ok":
             continue
         fpe = r.get("flops_per_example")
-        r["flops_per_round"] = fpe * examples_per_round(r["model"], r["cohort"], r["local_steps"]) if fpe else None
+        r["flops_per_round"] = (fpe * examples_per_round(r["model"], r["cohort"], r["local_steps"]) if fpe
+                                else None)
         r["flops_per_s"] = fpe * r["examples_per_s"] if fpe else None
         r["percent_of_peak"] = 100 * r["flops_per_s"] / peak if r["flops_per_s"] and peak else None
     for r in rows:
         if r.get("status") != "ok":
             continue
-        eng = next((e for e in rows if e.get("status") == "ok" and e["way"] == "engine" and e["model"] == r["model"]
+        eng = next((e for e in rows if e.get("status") == "ok" and e["way"] == "engine"
+                    and e["model"] == r["model"]
                     and e["cohort"] == r["cohort"] and e.get("sweep") == r.get("sweep")), None)
-        r["engine_over_way"] = eng["examples_per_s"] / r["examples_per_s"] if eng and r["way"] != "engine" else None
+        r["engine_over_way"] = (eng["examples_per_s"] / r["examples_per_s"] if eng and r["way"] != "engine"
+                                else None)
 
 
 def way_detail(row: dict) -> str:
-    """How a way ran: the engine's cohort chunk (and the sweep's member chunk), PyTorch's device and threads."""
+    """How a way ran: the engine's cohort chunk (and the sweep's member chunk), PyTorch's device and
+    threads."""
     if row.get("status") != "ok":
         return ""
     if row["way"].startswith("engine"):
@@ -666,8 +682,8 @@ def markdown_table(rows: list[dict], gpu: bool) -> str:
         ratio = "-" if r.get("engine_over_way") is None else f"{r['engine_over_way']:.2f}x"
         compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
         pct = "-" if r.get("percent_of_peak") is None else f"{r['percent_of_peak']:.2f}%"
-        lines.append(f"{lead} {r['examples_per_s']:,.0f} | {r['rounds_per_s']:.3g} | {compile_s} | {mem} | {ratio} "
-                     f"| {human(r.get('flops_per_s'), 'FLOP/s')} | {pct} |")
+        lines.append(f"{lead} {r['examples_per_s']:,.0f} | {r['rounds_per_s']:.3g} | {compile_s} | {mem} | "
+                     f"{ratio} | {human(r.get('flops_per_s'), 'FLOP/s')} | {pct} |")
     return "\n".join(lines)
 
 
@@ -716,17 +732,21 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text.lower().replace("(r)", "").replace("(tm)", ""))).strip("-")
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-",
+                                     text.lower().replace("(r)", "").replace("(tm)", ""))).strip("-")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=None, choices=MODELS)
-    ap.add_argument("--cohorts", type=int, nargs="+", default=None, help="clients per round (default 10 100 1000)")
+    ap.add_argument("--cohorts", type=int, nargs="+", default=None,
+                    help="clients per round (default 10 100 1000)")
     ap.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
-    ap.add_argument("--rounds", type=int, default=1, help="rounds per timed call (engine: scanned in one call)")
-    ap.add_argument("--local-steps", type=int, default=None, help="SGD steps per client per round (default 10)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds per timed call (engine: scanned in one call)")
+    ap.add_argument("--local-steps", type=int, default=None,
+                    help="SGD steps per client per round (default 10)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions (median reported)")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds a timed repetition lasts at least")
     ap.add_argument("--sweep-seeds", type=int, default=None,
@@ -740,7 +760,8 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: mlp and simple_cnn, cohort 10, 2 local steps, 1 rep, a 2-seed sweep")
     ap.add_argument("--plot", action="store_true", help="write docs/accelerator_<backend>.png")
-    ap.add_argument("--fresh", action="store_true", help="overwrite the day's JSON instead of merging into it")
+    ap.add_argument("--fresh", action="store_true",
+                    help="overwrite the day's JSON instead of merging into it")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="directory for the JSON")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--info-worker", action="store_true", help=argparse.SUPPRESS)
@@ -770,15 +791,19 @@ def main(argv=None) -> None:
         raise SystemExit(f"could not describe the machine: {err}")
     backend, gpu = info["jax_backend"], info["jax_backend"] != "cpu"
     peak = info["peak_flops"]
-    log(f"device: {info['device_name']}, backend {backend}; peak {human(peak, 'FLOP/s')} ({info['peak_flops_source']});"
-        f" jax {info['versions'].get('jax')}, torch {info['versions'].get('torch')}")
+    log(f"device: {info['device_name']}, backend {backend}; peak {human(peak, 'FLOP/s')} "
+        f"({info['peak_flops_source']}); jax {info['versions'].get('jax')}, torch "
+        f"{info['versions'].get('torch')}")
 
-    base = {"local_steps": steps, "rounds": args.rounds, "reps": reps, "min_time": min_time, "seed": args.seed,
-            "torch_threads": args.torch_threads, "sweep": False, "members": 1}
-    configs = [dict(base, model=model, cohort=m, way=way) for model in models for m in cohorts for way in args.ways]
+    base = {"local_steps": steps, "rounds": args.rounds, "reps": reps, "min_time": min_time,
+            "seed": args.seed, "torch_threads": args.torch_threads, "sweep": False, "members": 1}
+    configs = [dict(base, model=model, cohort=m, way=way) for model in models for m in cohorts
+               for way in args.ways]
     if "mlp" in models and sweep_seeds > 0:
-        ways = (["engine", "engine_runs"] if "engine" in args.ways else []) + [w for w in args.ways if w != "engine"]
-        configs += [dict(base, model="mlp", cohort=10, way=way, sweep=True, members=sweep_seeds) for way in ways]
+        ways = ((["engine", "engine_runs"] if "engine" in args.ways else [])
+                + [w for w in args.ways if w != "engine"])
+        configs += [dict(base, model="mlp", cohort=10, way=way, sweep=True, members=sweep_seeds)
+                    for way in ways]
 
     rows: list[dict] = []
     run_id = started.isoformat(timespec="seconds")
@@ -791,7 +816,8 @@ def main(argv=None) -> None:
         table = markdown_table(rows, gpu)
         header = (f"FedAvg, {steps} local steps a client, {args.rounds} round(s) a call, median of {reps}; "
                   f"device {info['device_name']} ({backend}); jax {info['versions'].get('jax')}, torch "
-                  f"{info['versions'].get('torch')}; peak {human(peak, 'FLOP/s')} ({info['peak_flops_source']})")
+                  f"{info['versions'].get('torch')}; peak {human(peak, 'FLOP/s')} "
+                  f"({info['peak_flops_source']})")
         if final:
             print(f"\n{header}\n\n{table}\n")
 
@@ -803,22 +829,26 @@ def main(argv=None) -> None:
             payload = json.loads(path.read_text())
             keys = {(r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) for r in rows}
             payload["rows"] = [r for r in payload["rows"]
-                               if (r["model"], r["cohort"], r["way"], r.get("sweep"), r.get("local_steps")) not in keys]
+                               if (r["model"], r["cohort"], r["way"], r.get("sweep"),
+                                   r.get("local_steps")) not in keys]
             payload["machine"] = info
         payload["runs"] = [r for r in payload["runs"] if r["run"] != run_id]
         payload["runs"].append({"run": run_id, "command": command, "wall_s": time.perf_counter() - t0,
-                                "args": vars(args), "local_steps": steps, "reps": reps, "min_time_s": min_time,
-                                "timeout_s": timeout, "table": f"{header}\n\n{table}"})
+                                "args": vars(args), "local_steps": steps, "reps": reps,
+                                "min_time_s": min_time, "timeout_s": timeout,
+                                "table": f"{header}\n\n{table}"})
         payload["rows"] += rows
         payload["device"] = {"name": info["device_name"], "backend": backend, "peak_flops": peak,
                              "peak_flops_source": info["peak_flops_source"]}
         payload["versions"] = info["versions"]
-        payload["workloads"] = {m: {"dataset": d, "model": c, "batch_size": b, "client_lr": lr, "num_clients": NUM_CLIENTS,
-                                    "partition": "iid", "server": f"fedavg (sgd, lr {SERVER_LR})",
+        payload["workloads"] = {m: {"dataset": d, "model": c, "batch_size": b, "client_lr": lr,
+                                    "num_clients": NUM_CLIENTS, "partition": "iid",
+                                    "server": f"fedavg (sgd, lr {SERVER_LR})",
                                     "raw_config": raw_config(m, 10, steps)}
                                 for m, (d, c, b, lr) in WORKLOADS.items()}
-        payload["notes"] = ("examples/s = rounds x cohort x local_steps x batch / seconds (median rep); FLOP/s = XLA's "
-                            "one-step flops / batch x examples/s; engine_over_way compares rows of one run.")
+        payload["notes"] = ("examples/s = rounds x cohort x local_steps x batch / seconds (median rep); "
+                            "FLOP/s = XLA's one-step flops / batch x examples/s; engine_over_way compares "
+                            "rows of one run.")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(payload, indent=1))
@@ -835,7 +865,8 @@ def main(argv=None) -> None:
                "config": cfg}
         same = [r for r in rows if r["model"] == cfg["model"] and r["way"] == cfg["way"] and not r["sweep"]
                 and not cfg["sweep"] and r["cohort"] < cfg["cohort"]]
-        timed_out = next((r for r in same if r["status"] == "skipped" and r["note"].startswith("timeout")), None)
+        timed_out = next((r for r in same if r["status"] == "skipped" and r["note"].startswith("timeout")),
+                         None)
         predicted = predicted_seconds(same[-1], cfg["cohort"], reps) if same and args.skip_slow else None
         if timed_out is not None:
             row.update(status="skipped", note=f"timeout {timeout:.0f} s at cohort {timed_out['cohort']}")

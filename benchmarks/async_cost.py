@@ -2,8 +2,9 @@
 
 The asynchronous round trains the same clients as the synchronous one and adds the in-flight store (``P``
 messages), the masked server step over it (or the buffer's in-order drain) and, for CA2FL, a cache of ``N``
-models. This measures what that costs on the CPU-scale Feddle federation (``configs/async/cpu_fashion_mnist.yaml``:
-Fashion-MNIST, 500 clients, 10 a round, the small CNN, 10 local Adam steps of 32) for:
+models. This measures what that costs on the CPU-scale Feddle federation
+(``configs/async/cpu_fashion_mnist.yaml``: Fashion-MNIST, 500 clients, 10 a round, the small CNN, 10 local
+Adam steps of 32) for:
 
 * ``sync``: the synchronous FedAvg round;
 * ``async-zero``: the asynchronous round with zero delay (the same arithmetic; the store and masks only);
@@ -11,8 +12,8 @@ Fashion-MNIST, 500 clients, 10 a round, the small CNN, 10 local Adam steps of 32
 * ``fedbuff-N20`` / ``fedasync-N20`` / ``ca2fl-N20``: the buffered server steps.
 
 Times are medians over ``--repeats`` blocks of ``--rounds`` rounds after a compiled warm-up block (which also
-fills the store), the settings interleaved, no evaluation. Memory: the loop state's bytes (what a run carries and
-checkpoints) and XLA's compiled memory analysis of one round (temporaries). Writes
+fills the store), the settings interleaved, no evaluation. Memory: the loop state's bytes (what a run carries
+and checkpoints) and XLA's compiled memory analysis of one round (temporaries). Writes
 ``benchmarks/results/async_cost.json``.
 
 Usage::
@@ -65,7 +66,8 @@ def measure(model: str, rounds: int, repeats: int) -> dict:
         experiment = build_experiment(load_config(REPO / "configs" / "async" / "cpu_fashion_mnist.yaml",
                                                   [*overrides, *extra]))
         state = experiment.initial_state()
-        state, _ = experiment.run_rounds(state, experiment.inputs, num_rounds=rounds)  # compile, fill the store
+        # compile, fill the store
+        state, _ = experiment.run_rounds(state, experiment.inputs, num_rounds=rounds)
         jax.block_until_ready(state)
         experiments[name], states[name] = experiment, state
         a = state.asynchrony
@@ -94,12 +96,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_cost.json"))
     args = parser.parse_args()
     rows = measure(args.model, args.rounds, args.repeats)
-    print(f"{'setting':14s} {'s/round':>8s} {'x sync':>7s} {'slots':>6s} {'store MiB':>10s} {'state MiB':>10s} "
-          f"{'temp MiB':>9s}")
+    print(f"{'setting':14s} {'s/round':>8s} {'x sync':>7s} {'slots':>6s} {'store MiB':>10s} "
+          f"{'state MiB':>10s} {'temp MiB':>9s}")
     for name, r in rows.items():
         print(f"{name:14s} {r['seconds_per_round']:8.3f} {r['time_vs_sync']:7.2f} {r['store_slots']:6d} "
-              f"{r['store_bytes'] / 2**20:10.1f} {r['state_bytes'] / 2**20:10.1f} {r['temp_bytes'] / 2**20:9.1f}")
-    result = {"model": args.model, "rounds": args.rounds, "repeats": args.repeats, "backend": jax.default_backend(),
+              f"{r['store_bytes'] / 2**20:10.1f} {r['state_bytes'] / 2**20:10.1f} "
+              f"{r['temp_bytes'] / 2**20:9.1f}")
+    result = {"model": args.model, "rounds": args.rounds, "repeats": args.repeats,
+              "backend": jax.default_backend(),
               "machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} device(s)",
               "settings": rows}
     path = Path(args.out)

@@ -3,10 +3,10 @@
 The banded lowering (``fedjax_lab/models/layers.py``) builds each band's inputs from overlapping slices of the
 input. Its gradient with respect to the input is the transpose of those slices: shifted copies of the input,
 summed. With one slice per band that is ``kh x bands`` copies (35 for the simple-CNN's first layer, 42 for
-Feddle's CNN), which XLA's CPU backend materialises one by one wherever the gradient has several uses (Adam's two
-moments on FedCOG's generated inputs; the next layer down in training). ``band_rows`` takes ``wb`` columns at a
-time, ``kh x ceil(span / wb)`` slices (10 and 6). The forward values are the same; the gradient sums the same
-terms in another order.
+Feddle's CNN), which XLA's CPU backend materialises one by one wherever the gradient has several uses (Adam's
+two moments on FedCOG's generated inputs; the next layer down in training). ``band_rows`` takes ``wb`` columns
+at a time, ``kh x ceil(span / wb)`` slices (10 and 6). The forward values are the same; the gradient sums the
+same terms in another order.
 
 For three models, both constructions are timed interleaved in one process (medians of ``--repeats``):
 

@@ -1,18 +1,20 @@
-"""Every baseline side by side on CIFAR-10 (NIID-Bench setting: 10 clients, all taking part each round, Dirichlet
-label skew), over several seeds; writes ``docs/baselines_table.md`` and ``docs/baselines_curves.png``.
+"""Every baseline side by side on CIFAR-10 (NIID-Bench setting: 10 clients, all taking part each round,
+Dirichlet label skew), over several seeds; writes ``docs/baselines_table.md`` and
+``docs/baselines_curves.png``.
 
 Scale (so that the whole table runs on a 2-core CPU): simple-CNN, batch 64, SGD lr 0.01 momentum 0.9, 10 local
-steps per client and round, ``--rounds`` rounds (default 30). The centralised reference takes 100 steps a round on
-the pooled data (the same examples per round as the 10 clients together). Paper-scale configs are in ``configs/``.
+steps per client and round, ``--rounds`` rounds (default 30). The centralised reference takes 100 steps a
+round on the pooled data (the same examples per round as the 10 clients together). Paper-scale configs are in
+``configs/``.
 
 Usage::
 
     python benchmarks/baselines_table.py --seeds 0 1 2            # about 1 hour on 2 cores
     python benchmarks/baselines_table.py --seeds 0 --alphas 0.5   # a quick look
 
-Finished runs are reused (an interrupted table continues where it stopped), also on a fresh clone: each finished
-run's record goes to ``benchmarks/results/records/<runs' folder name>.jsonl.gz`` (``table_runs.py``), which the
-table and the figure are read from; ``--rerun METHOD ...`` runs those methods again.
+Finished runs are reused (an interrupted table continues where it stopped), also on a fresh clone: each
+finished run's record goes to ``benchmarks/results/records/<runs' folder name>.jsonl.gz`` (``table_runs.py``),
+which the table and the figure are read from; ``--rerun METHOD ...`` runs those methods again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 KEEP = Keep()  # what the records keep: the table and the curves read the summary and the evaluated rows
 METHODS = {
     "fedavg": [],
-    "fedavgm": ["algorithm.name=fedavgm", "algorithm.server_optimizer=momentum_fedcog", "algorithm.server_momentum=0.1"],
+    "fedavgm": ["algorithm.name=fedavgm", "algorithm.server_optimizer=momentum_fedcog",
+                "algorithm.server_momentum=0.1"],
     "fedadam": ["algorithm.server_learning_rate=0.01"],
     "fedprox": ["algorithm.mu=0.01"],
     "scaffold": [],
@@ -52,9 +55,9 @@ LABELS = {"fedavgm": "fedavgm (FedCOG's variant, `momentum_fedcog`, beta 0.1)", 
 
 
 def overrides(method: str, alpha: float, seed: int, rounds: int) -> list[str]:
-    base = ["dataset.partition.num_clients=10", f"dataset.partition.alpha={alpha}", "rounds.clients_per_round=10",
-            "client.local_epochs=null", "client.local_steps=10", f"rounds.num_rounds={rounds}",
-            f"eval.every={max(rounds // 6, 1)}", f"seed={seed}"]
+    base = ["dataset.partition.num_clients=10", f"dataset.partition.alpha={alpha}",
+            "rounds.clients_per_round=10", "client.local_epochs=null", "client.local_steps=10",
+            f"rounds.num_rounds={rounds}", f"eval.every={max(rounds // 6, 1)}", f"seed={seed}"]
     name = "fedavgm" if method == "fedavgm" else method
     return base + [f"algorithm.name={name}"] + METHODS[method]
 
@@ -85,9 +88,9 @@ def main(argv=None) -> None:
                     kept = Records(records_of(runs))
                 summary = run_summary(kept / name)
                 results[(alpha, method, seed)] = (summary, metrics(kept / name))
-                print(f"alpha {alpha} {method:<12} seed {seed}: final {summary['final']['test_accuracy']:.4f} "
-                      f"best {summary['best_test_accuracy']:.4f} diverged={summary['diverged']} "
-                      f"({time.perf_counter() - start:.0f} s)", flush=True)
+                print(f"alpha {alpha} {method:<12} seed {seed}: final "
+                      f"{summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
+                      f"diverged={summary['diverged']} ({time.perf_counter() - start:.0f} s)", flush=True)
     write_table(results, args)
     plot_curves(results, args)
 
@@ -104,9 +107,10 @@ def write_table(results, args) -> None:
                       f"{100 * np.mean(bests):.1f} ± {100 * np.std(bests, ddof=1):.1f}"]
         lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
     text = (f"Test accuracy (%) after {args.rounds} rounds, mean ± std over seeds {args.seeds}; "
-            "`python benchmarks/baselines_table.py " + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                                                            for k, v in (("seeds", args.seeds), ("alphas", args.alphas),
-                                                                         ("rounds", args.rounds))) + "`\n\n")
+            "`python benchmarks/baselines_table.py "
+            + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                       for k, v in (("seeds", args.seeds), ("alphas", args.alphas), ("rounds", args.rounds)))
+            + "`\n\n")
     Path(args.out, "baselines_table.md").write_text(text + "\n".join(lines) + "\n")
     Path(args.runs, "table.json").write_text(json.dumps(
         {f"{a}/{m}/{s}": r[0] for (a, m, s), r in results.items()}, indent=1, default=str))
@@ -122,7 +126,8 @@ def plot_curves(results, args) -> None:
     fig, axes = plt.subplots(1, len(args.alphas), figsize=(6 * len(args.alphas), 4), squeeze=False)
     for ax, alpha in zip(axes[0], args.alphas):
         for method in args.methods:
-            runs = [[(r["round"], r["test_accuracy"]) for r in results[(alpha, method, s)][1] if "test_accuracy" in r]
+            runs = [[(r["round"], r["test_accuracy"]) for r in results[(alpha, method, s)][1]
+                     if "test_accuracy" in r]
                     for s in args.seeds]
             rounds = [x for x, _ in runs[0]]
             mean = np.mean([[y for _, y in run[:len(rounds)]] for run in runs], 0)

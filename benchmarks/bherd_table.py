@@ -8,14 +8,15 @@ Parts:
 * ``svm_lr``: the same at a learning rate of 0.001 (the paper's value is unreadable: "1 x 10^?"; at 0.01 every
   method reaches the SVM's optimum within about 10 rounds in case 1).
 * ``alpha``: BHerd's alpha sweep {0.1, 0.3, 0.5, 0.7, 1.0} on the SVM, cases 1-3 (Fig. 3a).
-* ``cnn``: the reference CNN on MNIST (10 classes) at a reduced scale: the first 1,000 training rows, B = 5 so that
-  tau = 40 (the paper's order of magnitude is 100), 40 rounds, cases 1-3, the same methods (Fig. 2a-b, second row).
+* ``cnn``: the reference CNN on MNIST (10 classes) at a reduced scale: the first 1,000 training rows, B = 5 so
+  that tau = 40 (the paper's order of magnitude is 100), 40 rounds, cases 1-3, the same methods (Fig. 2a-b,
+  second row).
 * ``cifar``: the reference CNN on CIFAR-10, case 3 only, the same reduced scale (Fig. 2a third row).
 
-Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations keep
-one order per client (non-RR). Every run evaluates the global model on all training rows (the paper's loss) and on
-the test set. Writes ``docs/reproductions/bherd_results.md`` and its figures after every part, reusing finished
-runs; several copies of the script share the work (``--reverse``).
+Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations
+keep one order per client (non-RR). Every run evaluates the global model on all training rows (the paper's
+loss) and on the test set. Writes ``docs/reproductions/bherd_results.md`` and its figures after every part,
+reusing finished runs; several copies of the script share the work (``--reverse``).
 
 Usage::
 
@@ -75,9 +76,9 @@ LABELS = {"centralized": "Centralised SGD", "fedavg": "FedAvg (RR)", "fedavg_fix
           "scaffold": "SCAFFOLD (RR)", "bherd_fednova": "BHerd-FedNova", "bherd_scaffold": "BHerd-SCAFFOLD"}
 ALPHAS = (0.1, 0.3, 0.5, 0.7, 1.0)
 SCALED = ["dataset.subset=1000", "client.batch_size=5", "rounds.num_rounds=40", "eval.every=5"]
-# The largest CNN run a 2-core CPU affords with 3 seeds (about 15 min a run on one core): a tenth of MNIST's rows
-# at B = 25 (tau = 40 to 60 steps a round; the paper's B = 100 on all rows gives 101 to 176), for 150 rounds (the
-# paper: 500), case 3 only. B = 10 (tau near the paper's) measured 4x slower a row on this CPU.
+# The largest CNN run a 2-core CPU affords with 3 seeds (about 15 min a run on one core): a tenth of MNIST's
+# rows at B = 25 (tau = 40 to 60 steps a round; the paper's B = 100 on all rows gives 101 to 176), for 150
+# rounds (the paper: 500), case 3 only. B = 10 (tau near the paper's) measured 4x slower a row on this CPU.
 TENTH = ["dataset.subset=6000", "client.batch_size=25", "rounds.num_rounds=150", "eval.every=10"]
 PARTS = {  # part: (config, cases, extra overrides)
     "svm": ("svm_mnist.yaml", (1, 2, 3), []),
@@ -94,7 +95,8 @@ SELECTION_MAPS = r"svm/case\d/bherd/seed0"  # the runs whose selection maps and 
 
 def kept_arrays(name: str, found: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Of a BHerd run's array metrics, what the report reads: the selection maps and client ids of the last
-    ``EXCLUSION_ROUNDS`` rounds, and of the figure's runs (``SELECTION_MAPS``) every round's and the distances."""
+    ``EXCLUSION_ROUNDS`` rounds, and of the figure's runs (``SELECTION_MAPS``) every round's and the
+    distances."""
     if "bherd_selected" not in found:
         return {}
     if re.fullmatch(SELECTION_MAPS, name):
@@ -113,7 +115,8 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     if done:
         summary, seconds = done
         print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
-              f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} ({seconds:.0f} s)", flush=True)
+              f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} ({seconds:.0f} s)",
+              flush=True)
 
 
 def jobs(part: str, seeds, methods):
@@ -123,7 +126,8 @@ def jobs(part: str, seeds, methods):
                 for alpha in ALPHAS:
                     overrides = [f"dataset.partition.case={case}", f"seed={seed}",
                                  f"algorithm={{name: bherd, alpha: {alpha}}}", FIXED]
-                    name = f"svm/case{case}/bherd/seed{seed}" if alpha == 0.5 else f"alpha/case{case}/a{alpha}/seed{seed}"
+                    name = (f"svm/case{case}/bherd/seed{seed}" if alpha == 0.5
+                            else f"alpha/case{case}/a{alpha}/seed{seed}")
                     yield name, "svm_mnist.yaml", overrides
         return
     config, cases, extra = PARTS[part]
@@ -156,7 +160,8 @@ def curves(runs: Path, prefix: str, seeds) -> dict[int, tuple[np.ndarray, dict[s
         if rows is None:
             continue
         out[seed] = (np.array([r["round"] for r in rows]),
-                     {k: np.array([r.get(k, np.nan) for r in rows]) for k in ("full_train_loss", "test_accuracy")})
+                     {k: np.array([r.get(k, np.nan) for r in rows])
+                      for k in ("full_train_loss", "test_accuracy")})
     return out
 
 
@@ -187,9 +192,9 @@ LOSS_SLACK, ACC_FRACTION = 0.05, 0.99
 
 
 def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) -> list[str]:
-    """One case: per method, the training objective at a few rounds, the final test accuracy, and the rounds to
-    reach two targets set by FedAvg (seed means): 95% of its decrease of the training objective from round 0 to its
-    last round, and 99% of its final test accuracy."""
+    """One case: per method, the training objective at a few rounds, the final test accuracy, and the rounds
+    to reach two targets set by FedAvg (seed means): 95% of its decrease of the training objective from round
+    0 to its last round, and 99% of its final test accuracy."""
     base = curves(runs, f"{part}/case{case}/fedavg", seeds)
     if not base:
         return [f"(case {case}: FedAvg has not finished yet)"]
@@ -199,8 +204,8 @@ def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) ->
     loss_target = final + LOSS_SLACK * (start - final)
     acc_target = ACC_FRACTION * float(np.mean([m["test_accuracy"][-1] for _, m in base.values()]))
     head = ("| method | " + " | ".join(f"train loss @{c}" for c in checkpoints) +
-            f" | test acc @{total} (%) | rounds to loss {loss_target:.4f} | rounds to acc {100 * acc_target:.2f}% "
-            "| seeds |")
+            f" | test acc @{total} (%) | rounds to loss {loss_target:.4f} | rounds to acc "
+            f"{100 * acc_target:.2f}% | seeds |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for method in methods:
         got = curves(runs, run_name(part, case, method), seeds)
@@ -217,7 +222,8 @@ def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) ->
 
 
 def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
-    """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case (seed means)."""
+    """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case (seed
+    means)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,8 +238,8 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
             length = min(len(r) for r, _ in got.values())
             rounds = next(iter(got.values()))[0][:length]
             for i, key in enumerate(("full_train_loss", "test_accuracy")):
-                axes[i, j].plot(rounds, np.mean([m[key][:length] for _, m in got.values()], 0), label=label(method),
-                                lw=1.2)
+                axes[i, j].plot(rounds, np.mean([m[key][:length] for _, m in got.values()], 0),
+                                label=label(method), lw=1.2)
         axes[0, j].set_title(f"case {case}: training objective")
         axes[0, j].set_yscale("log")
         axes[1, j].set_title(f"case {case}: test accuracy")
@@ -247,9 +253,9 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
 
 
 def exclusion(run_dir: Path, last: int = EXCLUSION_ROUNDS) -> tuple[float, float] | None:
-    """Over the last ``last`` rounds of a BHerd run, the fractions of the clients' steps whose batch was never sent
-    and always sent (a fixed batch order puts the same batch at the same step every round); ``None`` without
-    selection maps."""
+    """Over the last ``last`` rounds of a BHerd run, the fractions of the clients' steps whose batch was never
+    sent and always sent (a fixed batch order puts the same batch at the same step every round); ``None``
+    without selection maps."""
     if (rows := sizes(run_dir)) is None or "bherd_selected" not in (kept := arrays(run_dir)):
         return None
     ids, selected = kept["bherd_client_ids"][-last:], kept["bherd_selected"][-last:]
@@ -258,12 +264,13 @@ def exclusion(run_dir: Path, last: int = EXCLUSION_ROUNDS) -> tuple[float, float
     batch = run_config(run_dir)["client"]["batch_size"]
     tau = np.array([max(n // batch, 1) for n in rows])  # E = 1, remainders dropped
     valid = np.arange(selected.shape[-1])[None, :] < tau[:, None]
-    return float(((counts == 0) & valid).sum() / valid.sum()), float(((counts == last) & valid).sum() / valid.sum())
+    return (float(((counts == 0) & valid).sum() / valid.sum()),
+            float(((counts == last) & valid).sum() / valid.sum()))
 
 
 def plot_selection(runs: Path, out: Path) -> None:
-    """Fig. 4a-d: for each case, client 0's and the last client's selected step indices over rounds (heat maps) and
-    every client's distance between the selected and the full mean gradient."""
+    """Fig. 4a-d: for each case, client 0's and the last client's selected step indices over rounds (heat
+    maps) and every client's distance between the selected and the full mean gradient."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,7 +292,8 @@ def plot_selection(runs: Path, out: Path) -> None:
             axes[i, j].set_ylabel("local step")
         for client in range(ids.shape[1]):
             position = np.argmax(ids == client, axis=1)
-            axes[i, 2].plot(kept["round"], distance[np.arange(len(ids)), position], lw=0.8, label=f"client {client + 1}")
+            axes[i, 2].plot(kept["round"], distance[np.arange(len(ids)), position], lw=0.8,
+                            label=f"client {client + 1}")
         axes[i, 2].set_yscale("log")
         axes[i, 2].set_title(f"case {case}: ||selected mean - full mean|| (gradient)")
         axes[i, 2].set_xlabel("round")
@@ -316,7 +324,8 @@ def value_at(run, key: str, at: int | None) -> float | None:
 
 
 def by_seed(runs, name: str, seeds, key: str, at: int | None = None, sign: float = 1.0) -> dict[int, float]:
-    """``sign`` times ``key`` at round ``at`` of each seed's finished run of ``name``; NaN where it diverged."""
+    """``sign`` times ``key`` at round ``at`` of each seed's finished run of ``name``; NaN where it
+    diverged."""
     out = {}
     for seed in seeds:
         if (value := value_at(runs / f"{name}/seed{seed}", key, at)) is not None:
@@ -324,28 +333,32 @@ def by_seed(runs, name: str, seeds, key: str, at: int | None = None, sign: float
     return out
 
 
-EARLY = {"svm": 10, "svm_lr": 10, "cnn10": 50, "cnn": 20, "cifar": 20}  # the early rounds "faster" is judged over
+# the early rounds "faster" is judged over
+EARLY = {"svm": 10, "svm_lr": 10, "cnn10": 50, "cnn": 20, "cifar": 20}
 
 
 def early_mean(runs, name: str, seeds, until: int) -> dict[int, float]:
-    """Minus the mean training objective over the evaluated rounds 1 to ``until`` of each seed's run of ``name``
-    (the area under the early curve: lower is faster; negated so that "more" is the paper's direction)."""
+    """Minus the mean training objective over the evaluated rounds 1 to ``until`` of each seed's run of
+    ``name`` (the area under the early curve: lower is faster; negated so that "more" is the paper's
+    direction)."""
     out = {}
     for seed in seeds:
         rows = evaluations(runs / f"{name}/seed{seed}")
-        values = [r["full_train_loss"] for r in rows or () if 0 < r["round"] <= until and "full_train_loss" in r]
+        values = [r["full_train_loss"] for r in rows or ()
+                  if 0 < r["round"] <= until and "full_train_loss" in r]
         if values:
             out[seed] = -float(np.mean(values)) if np.all(np.isfinite(values)) else math.nan
     return out
 
 
 def faster(runs, part: str, case: int, seeds, method: str, base: str, until: int) -> Claim:
-    """"``method`` converges faster than ``base``": its training objective averaged over the evaluated rounds 1 to
-    ``until`` (the early curve) is lower. The paired difference is ``base``'s mean minus ``method``'s (positive:
-    ``method`` lower); the paper prints no number."""
+    """"``method`` converges faster than ``base``": its training objective averaged over the evaluated rounds
+    1 to ``until`` (the early curve) is lower. The paired difference is ``base``'s mean minus ``method``'s
+    (positive: ``method`` lower); the paper prints no number."""
     return Claim(f"{label(method)} lower than {label(base)} over rounds 1-{until}, case {case}", 0.0,
                  early_mean(runs, f"{part}/case{case}/{method}", seeds, until),
-                 early_mean(runs, f"{part}/case{case}/{base}", seeds, until), direction_only=True, our_digits=4)
+                 early_mean(runs, f"{part}/case{case}/{base}", seeds, until), direction_only=True,
+                 our_digits=4)
 
 
 def higher_accuracy(runs, part: str, case: int, seeds, method: str, base: str) -> Claim:
@@ -365,33 +378,39 @@ def fig2a_claims(runs, seeds, part: str) -> tuple[list[Claim], list[Claim]]:
 
 
 def decisive(records=None, seeds=(0, 1, 2)) -> Decisive:
-    """Fig. 2a's "BHerd-FedAvg converges clearly faster than FedAvg": the SVM at the paper's scale, and the CNN on a
-    tenth of MNIST where those runs have records. ``records``: as ``collect`` returns them, or a folder of run
-    directories (default: the committed records, with any finished run under ``runs/bherd`` added)."""
+    """Fig. 2a's "BHerd-FedAvg converges clearly faster than FedAvg": the SVM at the paper's scale, and the
+    CNN on a tenth of MNIST where those runs have records. ``records``: as ``collect`` returns them, or a
+    folder of run directories (default: the committed records, with any finished run under ``runs/bherd``
+    added)."""
     records = collect(REPO / "runs" / "bherd", KEEP) if records is None else records
     found = [dataclasses.replace(c, text=f"{model}: {c.text}")
              for part, model in (("svm", "SVM"), ("cnn10", "CNN")) if has_runs(records / part)
              for c in fig2a_claims(records, seeds, part)[0]]
     return Decisive("BHerd (Beneficial Herd of Local Gradients), Fig. 2a", "bherd_claims.md",
-                    "MNIST, 5 clients, partition cases 1-3, B = 100, one local epoch, 500 rounds: an SVM and a CNN",
-                    "the SVM at the paper's scale (100 %); the CNN on 6,000 of the 60,000 rows at B = 25 for 150 "
-                    "rounds, case 3 (3 % of its client work)", found, unit="training objective, FedAvg's minus "
-                    "BHerd's")
+                    "MNIST, 5 clients, partition cases 1-3, B = 100, one local epoch, 500 rounds: an SVM "
+                    "and a CNN",
+                    "the SVM at the paper's scale (100 %); the CNN on 6,000 of the 60,000 rows at B = 25 for "
+                    "150 rounds, case 3 (3 % of its client work)", found, unit="training objective, FedAvg's "
+                    "minus BHerd's")
 
 
 def claims(runs, seeds, out: Path) -> Path:
-    """The claims of the paper's text about Fig. 2 and 3a (digest section 7), each judged by the paired difference
-    over seeds (``table_runs.judge``), from the finished runs. The paper prints no number, so each is a claim of
-    direction: held when the interval lies on the paper's side of 0, not held when it lies on the other."""
-    lines = ["# BHerd's claims, judged over seeds (generated by `benchmarks/bherd_table.py`)", "", CLAIMS_RULE, "",
-             ("The paper has no table and prints no number: every claim is one of direction (\"converges faster\", "
-              "\"a higher final accuracy\"), so **not held** here means the interval lies wholly on the other side of "
-              "0. \"Faster\" is judged by the global model's training objective on all training rows (the paper's "
-              "loss plots) averaged over the early rounds (1-10 of the SVM, 1-50 of the CNN: the area under the early "
-              "curve), as the base's mean minus the method's (positive: the method is lower); accuracy by the last round's test accuracy, in points. From the runs' records "
-              "(`benchmarks/results/records/bherd.jsonl.gz`); the tables and curves: [bherd_results.md]"
-              "(bherd_results.md). Not judged: GraB-FedAvg \"does not speed up FedAvg\" and Fig. 4e's \"little "
-              "difference\" with reshuffling (claims of no difference, which an interval cannot establish at 3 seeds)."),
+    """The claims of the paper's text about Fig. 2 and 3a (digest section 7), each judged by the paired
+    difference over seeds (``table_runs.judge``), from the finished runs. The paper prints no number, so each
+    is a claim of direction: held when the interval lies on the paper's side of 0, not held when it lies on
+    the other."""
+    lines = ["# BHerd's claims, judged over seeds (generated by `benchmarks/bherd_table.py`)", "",
+             CLAIMS_RULE, "",
+             ("The paper has no table and prints no number: every claim is one of direction (\"converges "
+              "faster\", \"a higher final accuracy\"), so **not held** here means the interval "
+              "lies wholly on the other side of 0. \"Faster\" is judged by the global model's training "
+              "objective on all training rows (the paper's loss plots) averaged over the early rounds (1-10 "
+              "of the SVM, 1-50 of the CNN: the area under the early curve), as the base's mean minus the "
+              "method's (positive: the method is lower); accuracy by the last round's test accuracy, in "
+              "points. From the runs' records (`benchmarks/results/records/bherd.jsonl.gz`); the tables and "
+              "curves: [bherd_results.md](bherd_results.md). Not judged: GraB-FedAvg \"does not speed up "
+              "FedAvg\" and Fig. 4e's \"little difference\" with reshuffling (claims of no difference, which "
+              "an interval cannot establish at 3 seeds)."),
              ""]
     for part, title, cases, checkpoints in SECTIONS:
         if not has_runs(runs / part):
@@ -399,8 +418,8 @@ def claims(runs, seeds, out: Path) -> Path:
         loss, accuracy = fig2a_claims(runs, seeds, part)
         combined = [faster(runs, part, case, seeds, f"bherd_{base}", base, EARLY[part])
                     for base in ("fednova", "scaffold") for case in cases]
-        lines += [f"## {title}", "", ("Fig. 2a, \"BHerd-FedAvg converges clearly faster than FedAvg\": the training "
-                  "objective"), "", *claims_table(loss, unit="objective"), "",
+        lines += [f"## {title}", "", ("Fig. 2a, \"BHerd-FedAvg converges clearly faster than FedAvg\": the "
+                  "training objective"), "", *claims_table(loss, unit="objective"), "",
                   "Fig. 2a, \"and reaches a higher final accuracy\"", "", *claims_table(accuracy), ""]
         if any(c.method for c in combined):
             lines += ["Fig. 2b, \"BHerd speeds up FedNova and SCAFFOLD\": the training objective", "",
@@ -414,49 +433,55 @@ def claims(runs, seeds, out: Path) -> Path:
                   *claims_table(lowered, unit="objective"), ""]
     if plot_decisive_curves(runs, seeds, out.with_name("bherd_curves.png")):
         lines += ["## The decisive curves", "", "![BHerd-FedAvg and FedAvg](bherd_curves.png)", "",
-                  ("Fig. 2a: the training objective on all training rows against rounds (log scale), mean over seeds "
-                   f"{', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."), ""]
+                  ("Fig. 2a: the training objective on all training rows against rounds (log scale), mean "
+                   f"over seeds {', '.join(map(str, seeds))} with a band of one sample standard "
+                   "deviation (ddof 1)."), ""]
     return write_report(out, "\n".join(lines) + "\n")
 
 
 def plot_decisive_curves(runs, seeds, out: Path) -> bool:
-    """Fig. 2a's decisive comparison: FedAvg (RR), BHerd-FedAvg and its reshuffled variant, the training objective
-    per case of the SVM and of the CNN on a tenth of MNIST, with bands over seeds."""
+    """Fig. 2a's decisive comparison: FedAvg (RR), BHerd-FedAvg and its reshuffled variant, the training
+    objective per case of the SVM and of the CNN on a tenth of MNIST, with bands over seeds."""
     panels = [(f"{'SVM' if part == 'svm' else 'CNN, 10 % of MNIST'}, case {case}",
-               [(label(m), seed_curves(runs / f"{part}/case{case}/{m}", seeds)) for m in ("fedavg", "bherd", "bherd_rr")])
+               [(label(m), seed_curves(runs / f"{part}/case{case}/{m}", seeds))
+                for m in ("fedavg", "bherd", "bherd_rr")])
               for part in ("svm", "cnn10") for case in next(s[2] for s in SECTIONS if s[0] == part)]
     return plot_bands(panels, out, key="full_train_loss", scale=1.0, ylabel="training objective", log=True)
 
 
 def report(runs: Path, seeds, out_dir: Path) -> Path:
     methods = list(METHODS)
-    intro = ("Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). Each cell "
-             "is the mean ± sample standard deviation (ddof 1) over the seeds listed; a seed changes the batch orders (and the CNN's "
-             "initialisation). Training loss: the global model's training objective on all training rows (the SVM's "
-             "includes its l2 term), the quantity of the paper's loss plots. The targets are FedAvg's (RR) in the same case: "
-             "95% of its decrease of the training objective from round 0 to its last round, and 99% of its final test "
-             "accuracy; rounds to a target are the first evaluated round that reaches it (the SVM evaluates every "
-             "round, the CNNs every 5), averaged over the seeds that reach it.")
-    lines = ["# BHerd at CPU scale: results", "", intro, "", ("Each claim of the paper judged over the seeds: "
-             "[bherd_claims.md](bherd_claims.md)."), ""]
+    intro = ("Written by `python benchmarks/bherd_table.py` (see its docstring for the parts and the scale). "
+             "Each cell is the mean ± sample standard deviation (ddof 1) over the seeds listed; a seed "
+             "changes the batch orders (and the CNN's initialisation). Training loss: the global model's "
+             "training objective on all training rows (the SVM's includes its l2 term), the quantity of the "
+             "paper's loss plots. The targets are FedAvg's (RR) in the same case: 95% of its decrease of the "
+             "training objective from round 0 to its last round, and 99% of its final test accuracy; rounds "
+             "to a target are the first evaluated round that reaches it (the SVM evaluates every round, the "
+             "CNNs every 5), averaged over the seeds that reach it.")
+    lines = ["# BHerd at CPU scale: results", "", intro, "", ("Each claim of the paper judged over the "
+             "seeds: [bherd_claims.md](bherd_claims.md)."), ""]
     missing = [part for part, *_ in SECTIONS if not has_runs(runs / part)] + (
         [] if has_runs(runs / "alpha") else ["alpha"])
     if missing:
-        lines += [("Not in the committed records yet (run before records were kept; their numbers are in this page's "
-                   "history up to commit 494a880): " + "; ".join(f"`python benchmarks/bherd_table.py --parts {part}`"
-                                                                  for part in missing) + "."), ""]
+        lines += [("Not in the committed records yet (run before records were kept; their numbers are in "
+                   "this page's history up to commit 494a880): "
+                   + "; ".join(f"`python benchmarks/bherd_table.py --parts {part}`" for part in missing)
+                   + "."), ""]
     for part, title, cases, checkpoints in SECTIONS:
         if not has_runs(runs / part):
             continue
         lines += [f"## {title}", ""]
         for case in cases:
             lines += [f"### Case {case}", "", *case_table(runs, part, case, seeds, methods, checkpoints), ""]
-        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd", "bherd_rr"], out_dir / f"bherd_{part}.png")
+        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd", "bherd_rr"],
+                   out_dir / f"bherd_{part}.png")
         plot_cases(runs, part, cases, seeds, ["fednova", "bherd_fednova", "scaffold", "bherd_scaffold"],
                    out_dir / f"bherd_{part}_combined.png")
         lines += [f"![{part}: FedAvg, GraB, BHerd (fixed order and reshuffled)](bherd_{part}.png)", "",
                   f"![{part}: FedNova, SCAFFOLD and their BHerd versions](bherd_{part}_combined.png)", ""]
-    alpha_methods = ["svm/case{case}/fedavg"] + [f"alpha/case{{case}}/a{a}" if a != 0.5 else "svm/case{case}/bherd"
+    alpha_methods = ["svm/case{case}/fedavg"] + [f"alpha/case{{case}}/a{a}" if a != 0.5
+                                                 else "svm/case{case}/bherd"
                                                  for a in ALPHAS]
     if has_runs(runs / "alpha"):
         lines += ["## Alpha sweep (SVM, Fig. 3a)", ""]
@@ -464,19 +489,22 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
             lines += [f"### Case {case}", "", *case_table(runs, "svm", case, seeds, alpha_methods,
                                                           (10, 50, 100, 500)), ""]
         plot_cases(runs, "alpha", (1, 2, 3), seeds, alpha_methods, out_dir / "bherd_alpha.png")
-    caption = ("With one batch order per client, the same batch sits at the same step every round, and herding keeps "
-               "choosing similar steps (Fig. 4a-c): the share of a client's steps whose batch BHerd never sent in the "
-               "last 20 rounds, and always sent (seed means). For the reshuffled run the same count is over step "
-               "positions, which carry a different batch every round.")
+    caption = ("With one batch order per client, the same batch sits at the same step every round, and "
+               "herding keeps choosing similar steps (Fig. 4a-c): the share of a client's steps whose batch "
+               "BHerd never sent in the last 20 rounds, and always sent (seed means). For the reshuffled run "
+               "the same count is over step positions, which carry a different batch every round.")
     lines += ["## Batches a fixed order never sends", "", caption, "",
               "| run | never sent (%) | always sent (%) | seeds |", "|---|---|---|---|"]
-    for part, cases in (("svm", (1, 2, 3)), ("svm_lr", (1, 2, 3)), ("cnn10", (3,)), ("cnn", (1, 2, 3)), ("cifar", (3,))):
+    for part, cases in (("svm", (1, 2, 3)), ("svm_lr", (1, 2, 3)), ("cnn10", (3,)), ("cnn", (1, 2, 3)),
+                        ("cifar", (3,))):
         for case in cases:
             for method in ("bherd", "bherd_rr", "bherd_scaffold", "bherd_fednova"):
-                got = [e for seed in seeds if (e := exclusion(runs / f"{part}/case{case}/{method}/seed{seed}"))]
+                got = [e for seed in seeds
+                       if (e := exclusion(runs / f"{part}/case{case}/{method}/seed{seed}"))]
                 if got:
                     never, always = np.mean(got, 0) * 100
-                    lines.append(f"| {part}, case {case}, {label(method)} | {never:.1f} | {always:.1f} | {len(got)} |")
+                    lines.append(f"| {part}, case {case}, {label(method)} | {never:.1f} | {always:.1f} | "
+                                 f"{len(got)} |")
     lines.append("")
     plot_selection(runs, out_dir / "bherd_selection.png")
     lines += ["![alpha sweep](bherd_alpha.png)", ""] if has_runs(runs / "alpha") else []
@@ -487,12 +515,14 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["svm", "alpha"], choices=["svm", "svm_lr", "alpha", "cnn10", "cnn", "cifar"])
+    parser.add_argument("--parts", nargs="+", default=["svm", "alpha"],
+                        choices=["svm", "svm_lr", "alpha", "cnn10", "cnn", "cifar"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bherd")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "reproductions")
-    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second process)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="take the jobs in reverse order (a second process)")
     parser.add_argument("--report", action="store_true", help="only write the tables and figures")
     args = parser.parse_args()
     if not args.report:

@@ -1,7 +1,8 @@
-"""Turns run records of the older layout (a folder per run: ``config.yaml``, ``metrics.jsonl``, ``summary.json``,
-``arrays/``, ``client_sizes.json``, under ``benchmarks/results/runs/<family>/``) into the compact files the reports
-read, ``benchmarks/results/records/<family>.jsonl.gz`` (``records.py``), keeping what each family's report reads
-(its script's ``KEEP``), and checks that every converted record reads back as its folder did.
+"""Turns run records of the older layout (a folder per run: ``config.yaml``, ``metrics.jsonl``,
+``summary.json``, ``arrays/``, ``client_sizes.json``, under ``benchmarks/results/runs/<family>/``) into the
+compact files the reports read, ``benchmarks/results/records/<family>.jsonl.gz`` (``records.py``), keeping
+what each family's report reads (its script's ``KEEP``), and checks that every converted record reads back as
+its folder did.
 
 Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's.
 
@@ -11,9 +12,10 @@ Usage::
     python benchmarks/compact_records.py --folders runs/feddle --delete   # any folder of runs; then delete it
     python benchmarks/compact_records.py --merge OUT/benchmarks/results/records/*.jsonl.gz
 
-A family's file already there is merged with (a converted run of the same name is replaced). ``--delete`` removes
-each folder once its records are written and checked. ``--merge`` adds each file's runs that the repository's file
-of the same name lacks (a script never reruns a kept cell, so those are the runs made elsewhere).
+A family's file already there is merged with (a converted run of the same name is replaced). ``--delete``
+removes each folder once its records are written and checked. ``--merge`` adds each file's runs that the
+repository's file of the same name lacks (a script never reruns a kept cell, so those are the runs made
+elsewhere).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from records import Keep, Record
 from table_runs import RECORDS, SUFFIX
 
 OLD = Path(__file__).resolve().parent / "results" / "runs"
-SCRIPTS = {"async": "async_table", "baselines": "baselines_table", "bherd": "bherd_table", "fedcog": "fedcog_table",
-           "fedcog_weighting": "fedcog_table", "feddle": "feddle_table", "fedimpro": "fedimpro_table",
-           "fedwalk": "fedwalk_table"}
-"""The script whose ``KEEP`` says what a family's records keep (by the runs folder's name; others: ``Keep()``)."""
+SCRIPTS = {"async": "async_table", "baselines": "baselines_table", "bherd": "bherd_table",
+           "fedcog": "fedcog_table", "fedcog_weighting": "fedcog_table", "feddle": "feddle_table",
+           "fedimpro": "fedimpro_table", "fedwalk": "fedwalk_table"}
+"""The script whose ``KEEP`` says what a family's records keep (by the runs folder's name; others:
+``Keep()``)."""
 
 
 def spec_of(family: str) -> Keep:
@@ -53,8 +56,8 @@ def same_value(a, b) -> bool:
 
 
 def check(kept: Record, run_dir: Path, spec: Keep) -> None:
-    """Raises unless ``kept`` (read back from its file) holds what the folder ``run_dir`` does, as ``spec`` keeps
-    it: config, summary, every evaluated row, and the kept rows, arrays and sizes."""
+    """Raises unless ``kept`` (read back from its file) holds what the folder ``run_dir`` does, as ``spec``
+    keeps it: config, summary, every evaluated row, and the kept rows, arrays and sizes."""
     whole = Record.from_run_dir(run_dir, kept.name)
     summary = json.loads((run_dir / "summary.json").read_text())
     kept_rows = [r if "test_accuracy" in r else {k: r[k] for k in ("round", *spec.rounds) if k in r}
@@ -62,7 +65,8 @@ def check(kept: Record, run_dir: Path, spec: Keep) -> None:
     problems = [what for what, a, b in (
         ("config", kept.config, yaml.safe_load((run_dir / "config.yaml").read_text())),
         ("summary", kept.summary, summary),
-        ("backend", [kept.backend, kept.devices], [summary.get(k, record_files.UNKNOWN) for k in ("backend", "devices")]),
+        ("backend", [kept.backend, kept.devices],
+         [summary.get(k, record_files.UNKNOWN) for k in ("backend", "devices")]),
         ("evaluated rows", kept.evaluations(), whole.evaluations()),
         ("kept rows", kept.rows, kept_rows),
         ("sizes", kept.sizes, whole.sizes if spec.sizes else None)) if not same_value(a, b)]
@@ -79,7 +83,8 @@ def check(kept: Record, run_dir: Path, spec: Keep) -> None:
 def compact(folder: Path, out: Path, spec: Keep) -> int:
     """Adds the records of every finished run under ``folder`` to ``out`` (a new file's base config: the runs'
     common values), checks them, and returns their number."""
-    found = {s.parent.relative_to(folder).as_posix(): s.parent for s in sorted(folder.glob("**/summary.json"))}
+    found = {s.parent.relative_to(folder).as_posix(): s.parent
+             for s in sorted(folder.glob("**/summary.json"))}
     with record_files.locked(out):
         base, kept = record_files.read_with_base(out, cached=False)
         kept |= {name: Record.from_run_dir(run_dir, name, spec) for name, run_dir in found.items()}
@@ -103,11 +108,13 @@ def merge(other: Path, out: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--folders", nargs="+", type=Path, help="folders of runs (default: every family under "
-                        "benchmarks/results/runs); a folder's name is its family's")
-    parser.add_argument("--delete", action="store_true", help="delete each folder once its records are checked")
+    parser.add_argument("--folders", nargs="+", type=Path, help="folders of runs (default: every family "
+                        "under benchmarks/results/runs); a folder's name is its family's")
+    parser.add_argument("--delete", action="store_true",
+                        help="delete each folder once its records are checked")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
-                        help="record files to merge into the repository's of the same name (and nothing else)")
+                        help="record files to merge into the repository's of the same name (and "
+                             "nothing else)")
     args = parser.parse_args()
     if args.merge:
         for other in args.merge:

@@ -1,4 +1,5 @@
-"""FedAvg throughput on CIFAR-10 with the NIID-Bench simple-CNN: the engine vs per-client JAX and PyTorch loops.
+"""FedAvg throughput on CIFAR-10 with the NIID-Bench simple-CNN: the engine vs per-client JAX and PyTorch
+loops.
 
 Workload: ``configs/cifar10_fedavg.yaml`` (real CIFAR-10 from ../shared/data, 100 clients from Dirichlet(0.5),
 cohorts of 10, batch 64, SGD lr 0.01 momentum 0.9, per-channel standardisation) with a fixed number of local
@@ -87,7 +88,8 @@ def cohorts(experiment, count: int) -> list[np.ndarray]:
 def jax_loop_way(experiment, steps: int, rounds: int):
     """Per-client Python loop over a jitted ``train_locally`` (the engine's keys), jitted server update."""
     cfg = experiment.config
-    schedule = LocalSchedule(cfg.client.batch_size, local_steps=steps, min_examples=experiment.dataset.min_examples)
+    schedule = LocalSchedule(cfg.client.batch_size, local_steps=steps,
+                             min_examples=experiment.dataset.min_examples)
     client_opt = optax.sgd(cfg.client.learning_rate, momentum=cfg.client.momentum)
     server_opt = optax.sgd(1.0)
     inputs, loss = experiment.inputs, experiment.classifier.loss
@@ -152,7 +154,8 @@ def torch_loop_way(experiment, steps: int, rounds: int, threads: int):
     p = experiment.initial_state().server_state.params["params"]
     with torch.no_grad():
         for name in ("conv1", "conv2"):
-            getattr(model, name).weight.copy_(torch.from_numpy(np.asarray(p[name]["kernel"]).transpose(3, 2, 0, 1).copy()))
+            getattr(model, name).weight.copy_(torch.from_numpy(
+                np.asarray(p[name]["kernel"]).transpose(3, 2, 0, 1).copy()))
             getattr(model, name).bias.copy_(torch.from_numpy(np.array(p[name]["bias"])))
         for name, src in (("fc1", "fc1"), ("fc2", "fc2"), ("fc3", "output")):
             getattr(model, name).weight.copy_(torch.from_numpy(np.asarray(p[src]["kernel"]).T.copy()))
@@ -226,14 +229,15 @@ def measure(steps: int, args) -> dict:
         med, best = statistics.median(times[name]), min(times[name])
         out[name] = {"examples_per_s": rounds[name] * examples_per_round / med,
                      "examples_per_s_best": rounds[name] * examples_per_round / best,
-                     "seconds_per_round": med / rounds[name], "first_call_s": first[name], "rounds_per_call": rounds[name],
-                     "seconds_per_call": times[name]}
+                     "seconds_per_round": med / rounds[name], "first_call_s": first[name],
+                     "rounds_per_call": rounds[name], "seconds_per_call": times[name]}
     # The baseline is the faster of the PyTorch thread settings.
     torch_eps = max((r["examples_per_s"] for n, r in out.items() if n.startswith("torch_loop")), default=None)
     for name, result in out.items():
         result["vs_torch"] = result["examples_per_s"] / torch_eps if torch_eps else None
-    out["_workload"] = {"steps": steps, "examples_per_round": examples_per_round, "cohort": engine.plan.cohort_size,
-                        "chunk_size": engine.plan.chunk_size, "lowering": engine.classifier.module.lowering}
+    out["_workload"] = {"steps": steps, "examples_per_round": examples_per_round,
+                        "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
+                        "lowering": engine.classifier.module.lowering}
     return out
 
 
@@ -244,7 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per timed call")
     ap.add_argument("--naive-rounds", type=int, default=1, help="rounds per timed call of engine_naive")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--chunk", type=int, default=None, help="engine rounds.chunk_size (default: the builder's)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="engine rounds.chunk_size (default: the builder's)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2],
                     help="PyTorch intra-op threads; the ratio is against the fastest")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
@@ -253,7 +258,8 @@ def main(argv=None) -> None:
     results = {"benchmark": "fedavg_cnn_throughput", "date": _dt.date.today().isoformat(), "machine": info,
                "args": vars(args), "results": {str(s): measure(s, args) for s in args.steps}}
     print(f"\nFedAvg, simple-CNN, CIFAR-10, cohort 10, batch 64 on {info.get('cpu_model')} "
-          f"({info.get('cores_available')} cores), jax {info['versions']['jax']}, torch {info['versions']['torch']}")
+          f"({info.get('cores_available')} cores), jax {info['versions']['jax']}, torch "
+          f"{info['versions']['torch']}")
     print(f"{'steps':>5} {'way':<16} {'ex/s':>9} {'best':>9} {'s/round':>8} {'vs torch':>9}")
     for steps, res in results["results"].items():
         for name, r in res.items():

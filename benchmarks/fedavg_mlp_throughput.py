@@ -1,8 +1,8 @@
 """FedAvg throughput benchmark: fedjax_lab's vectorised engine vs per-client JAX and PyTorch loops.
 
 Workload: the FedAvg paper's 784-200-200-10 MLP ("2NN") on MNIST, 1000 IID clients with 60 training
-examples each, client batch size 10, client SGD (lr 0.05) for ``local_steps=50`` steps (500 examples per client
-per round), FedAvg server (sgd, lr 1.0), cohorts of 10, 100 and 1000 clients per round.
+examples each, client batch size 10, client SGD (lr 0.05) for ``local_steps=50`` steps (500 examples per
+client per round), FedAvg server (sgd, lr 1.0), cohorts of 10, 100 and 1000 clients per round.
 
 Three ways, same data, same initial weights and hyper-parameters:
 
@@ -61,7 +61,8 @@ DEFAULT_VARIANTS = {
 DEFAULT_ROUNDS = {10: 30, 100: 3, 1000: 1}
 LOOP_ROUNDS = {10: 3, 100: 1, 1000: 1}
 
-# Cohorts of the loop ways are sampled (with the engine's sampler and keys) before timing, for this many rounds.
+# Cohorts of the loop ways are sampled (with the engine's sampler and keys) before timing, for this many
+# rounds.
 PRESAMPLED_ROUNDS = 128
 
 QUICK_VARIANTS = {10: [(None, 1), (2, 1)], 100: [(None, 1), (2, 1)], 1000: [(2, 1)]}
@@ -72,9 +73,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Shared helpers (run inside the worker subprocesses)
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def current_rss_mb() -> float:
     with open("/proc/self/status") as f:
@@ -117,8 +118,8 @@ def client_rows(seed: int, num_examples: int):
 
 
 def timed_reps(call, reps: int, min_time: float):
-    """Times ``call()`` (which must block until its work is done). Returns (seconds per call list, calls per rep,
-    first call seconds)."""
+    """Times ``call()`` (which must block until its work is done). Returns (seconds per call list, calls per
+    rep, first call seconds)."""
     t = time.perf_counter()
     call()
     first = time.perf_counter() - t
@@ -147,7 +148,8 @@ def summarise(per_call, examples_per_call: float, rounds_per_call: float) -> dic
 
 def summarise_loop(per_call, calls: int, first: float, m: int, timed_clients: int, rounds: int, box: dict,
                    **extra) -> dict:
-    """:func:`summarise` for a per-client loop, scaled up when only ``timed_clients`` of the ``m`` were timed."""
+    """:func:`summarise` for a per-client loop, scaled up when only ``timed_clients`` of the ``m`` were
+    timed."""
     scale = m / timed_clients
     out = summarise([s * scale for s in per_call], rounds * m * EXAMPLES_PER_CLIENT_ROUND, rounds)
     out.update({
@@ -174,9 +176,9 @@ def flax_init_params(seed: int):
     return clf, clf.init(jax.random.key(seed))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Way 1: the engine
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def run_engine(cfg: dict) -> dict:
     import jax
@@ -252,9 +254,9 @@ def run_engine(cfg: dict) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Way 2: per-client Python loop over a jitted train_locally
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def cohorts_for(cfg: dict, num_rounds: int):
     """The engine's cohorts for rounds 0..num_rounds-1 (same sampler and keys as the engine)."""
@@ -355,9 +357,9 @@ def run_jax_loop(cfg: dict) -> dict:
                           compile_s=first_client_s - steady_client_s, rss_before_mb=rss_before, data=source)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Way 3: per-client PyTorch loop
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def run_torch_loop(cfg: dict) -> dict:
     import numpy as np
@@ -444,9 +446,9 @@ def worker(cfg: dict) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Parent: machine info, scheduling of the subprocesses, table and JSON
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 def machine_info() -> dict:
     import importlib.metadata as md
@@ -466,7 +468,8 @@ def machine_info() -> dict:
     except OSError:
         info["cpu_model"] = platform.processor()
         info["cpu_logical_cores"] = os.cpu_count()
-    info["cores_available"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info["cores_available"] = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                               else os.cpu_count())
     try:
         with open("/proc/meminfo") as f:
             info["mem_total_gb"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -502,7 +505,8 @@ def run_config(cfg: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
     t = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO), check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                              check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f}s"}
     wall = time.perf_counter() - t
@@ -535,19 +539,24 @@ def main(argv=None) -> None:
                     choices=["engine", "jax_loop", "torch_loop"])
     ap.add_argument("--engine-variants", nargs="+", default=None, metavar="CHUNK:UNROLL",
                     help="engine variants for every cohort, e.g. none:1 2:1 10:5 (default: a per-cohort set)")
-    ap.add_argument("--rounds", type=int, default=None, help="engine rounds per jitted call (default per cohort)")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per configuration (median reported)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="engine rounds per jitted call (default per cohort)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="timed repetitions per configuration (median reported)")
     ap.add_argument("--min-time", type=float, default=2.5, help="seconds a timed repetition lasts at least")
     ap.add_argument("--torch-max-clients", type=int, default=100,
-                    help="time at most this many clients of a torch cohort and extrapolate (marked in output)")
+                    help="time at most this many clients of a torch cohort and extrapolate "
+                         "(marked in output)")
     ap.add_argument("--jax-loop-max-clients", type=int, default=1000,
                     help="time at most this many clients of a jax_loop cohort and extrapolate")
     ap.add_argument("--torch-threads", type=int, default=2)
-    ap.add_argument("--data", default=None, help=f"mnist .npz (default {DEFAULT_DATA}; random data if absent)")
+    ap.add_argument("--data", default=None,
+                    help=f"mnist .npz (default {DEFAULT_DATA}; random data if absent)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="directory for the JSON")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration subprocess")
-    ap.add_argument("--quick", action="store_true", help="short smoke run (cohort 10, few variants, short timings)")
+    ap.add_argument("--quick", action="store_true",
+                    help="short smoke run (cohort 10, few variants, short timings)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -578,7 +587,8 @@ def main(argv=None) -> None:
                 variants = table.get(m, [(None, 1), (2, 1)])
             for chunk, unroll in variants:
                 if chunk is not None and (m % chunk or chunk > m):
-                    log(f"skip engine {variant_name(chunk, unroll)} at cohort {m}: chunk must divide the cohort")
+                    log(f"skip engine {variant_name(chunk, unroll)} at cohort {m}: chunk must "
+                        "divide the cohort")
                     continue
                 configs.append(dict(base, way="engine", chunk_size=chunk, unroll=unroll, rounds=rounds))
         if "jax_loop" in args.ways:
@@ -590,7 +600,8 @@ def main(argv=None) -> None:
     results = []
     t0 = time.perf_counter()
     for i, cfg in enumerate(configs, 1):
-        label = cfg["way"] + (f" {variant_name(cfg['chunk_size'], cfg['unroll'])}" if cfg["way"] == "engine" else "")
+        label = cfg["way"] + (f" {variant_name(cfg['chunk_size'], cfg['unroll'])}" if cfg["way"] == "engine"
+                              else "")
         log(f"[{i}/{len(configs)}] cohort {cfg['cohort']}: {label} ...")
         res = run_config(cfg, args.timeout)
         row = {"way": cfg["way"], "cohort": cfg["cohort"], "config": cfg, **res}
@@ -612,7 +623,8 @@ def main(argv=None) -> None:
         ok = [r for r in results if r["cohort"] == m and "error" not in r]
         eng = [r for r in ok if r["way"] == "engine"]
         best = max(eng, key=lambda r: r["examples_per_s"]) if eng else None
-        whole = next((r for r in eng if r["config"]["chunk_size"] is None and r["config"]["unroll"] == 1), None)
+        whole = next((r for r in eng if r["config"]["chunk_size"] is None and r["config"]["unroll"] == 1),
+                     None)
         loops = {w: next((r for r in ok if r["way"] == w), None) for w in ("jax_loop", "torch_loop")}
         s = {"best_engine_variant": best["variant"] if best else None,
              "best_engine_examples_per_s": best["examples_per_s"] if best else None,
@@ -621,33 +633,37 @@ def main(argv=None) -> None:
             s[f"{w}_examples_per_s"] = r["examples_per_s"] if r else None
             s[f"{w}_extrapolated"] = r.get("extrapolated") if r else None
             s[f"engine_over_{w}"] = best["examples_per_s"] / r["examples_per_s"] if best and r else None
-            s[f"default_engine_over_{w}"] = (whole["examples_per_s"] / r["examples_per_s"]) if whole and r else None
+            s[f"default_engine_over_{w}"] = ((whole["examples_per_s"] / r["examples_per_s"]) if whole and r
+                                             else None)
         summary[str(m)] = s
 
     # Table.
     data_source = next((r["data"] for r in results if "data" in r), "?")
-    lines = [(f"FedAvg MLP 784-200-200-10 throughput on {info['cpu_model']} ({info['cores_available']} cores, "
-              f"backend {info.get('jax_backend')}); data: {data_source}"),
-             (f"median of {reps} timed repetitions (best in brackets); * = extrapolated from a subset of each "
-              "cohort; loss r0 = mean client train loss of round 0 (same work check)"),
+    lines = [(f"FedAvg MLP 784-200-200-10 throughput on {info['cpu_model']} ({info['cores_available']} "
+              f"cores, backend {info.get('jax_backend')}); data: {data_source}"),
+             (f"median of {reps} timed repetitions (best in brackets); * = extrapolated from a subset of "
+              "each cohort; loss r0 = mean client train loss of round 0 (same work check)"),
              "",
-             (f"{'cohort':>6}  {'way':<10} {'variant':<22} {'examples/s':>18} {'rounds/s':>9} {'compile s':>9} "
-              f"{'peak RSS MB':>11} {'RSS growth MB':>13} {'loss r0':>7}")]
+             (f"{'cohort':>6}  {'way':<10} {'variant':<22} {'examples/s':>18} {'rounds/s':>9} "
+              f"{'compile s':>9} {'peak RSS MB':>11} {'RSS growth MB':>13} {'loss r0':>7}")]
     for r in results:
         if "error" in r:
-            lines.append(f"{r['cohort']:>6}  {r['way']:<10} {r.get('variant', ''):<22} ERROR {r['error'][:60]}")
+            lines.append(f"{r['cohort']:>6}  {r['way']:<10} {r.get('variant', ''):<22} ERROR "
+                         f"{r['error'][:60]}")
             continue
         star = "*" if r.get("extrapolated") else " "
         ex = f"{r['examples_per_s']:,.0f} ({r['examples_per_s_best']:,.0f})"
         lines.append(f"{r['cohort']:>6}  {r['way']:<10} {r.get('variant', ''):<22} {ex:>17}{star} "
-                     f"{r['rounds_per_s']:>9.3f} {fmt(r.get('compile_s'), '.1f'):>9} {r['peak_rss_mb']:>11,.0f} "
-                     f"{r['rss_growth_mb']:>13,.0f} {fmt(r.get('first_round_train_loss'), '.4f'):>7}")
+                     f"{r['rounds_per_s']:>9.3f} {fmt(r.get('compile_s'), '.1f'):>9} "
+                     f"{r['peak_rss_mb']:>11,.0f} {r['rss_growth_mb']:>13,.0f} "
+                     f"{fmt(r.get('first_round_train_loss'), '.4f'):>7}")
     lines.append("")
     for m, s in summary.items():
-        lines.append(f"cohort {m}: best engine {s['best_engine_variant']} {fmt(s['best_engine_examples_per_s'])} ex/s; "
-                     f"engine/jax_loop {fmt(s['engine_over_jax_loop'], '.2f')}x, "
-                     f"engine/torch_loop {fmt(s['engine_over_torch_loop'], '.2f')}x "
-                     f"(whole-cohort vmap: {fmt(s['default_engine_over_torch_loop'], '.2f')}x torch)")
+        lines.append(f"cohort {m}: best engine {s['best_engine_variant']} "
+                     f"{fmt(s['best_engine_examples_per_s'])} ex/s; engine/jax_loop "
+                     f"{fmt(s['engine_over_jax_loop'], '.2f')}x, engine/torch_loop "
+                     f"{fmt(s['engine_over_torch_loop'], '.2f')}x (whole-cohort vmap: "
+                     f"{fmt(s['default_engine_over_torch_loop'], '.2f')}x torch)")
     table = "\n".join(lines)
     print(table)
 
@@ -658,10 +674,12 @@ def main(argv=None) -> None:
     payload = {
         "benchmark": "fedavg_mlp_throughput",
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "benchmarks/fedavg_mlp_throughput.py"] + sys.argv[1:]),
+        "command": " ".join([Path(sys.executable).name, "benchmarks/fedavg_mlp_throughput.py"]
+                            + sys.argv[1:]),
         "workload": {"model": "MLP 784-200-200-10 (fedjax_lab.models.MLP(10, (200, 200)))",
                      "num_clients": NUM_CLIENTS, "examples_per_client": EXAMPLES_PER_CLIENT, "split": "IID",
-                     "batch_size": BATCH_SIZE, "local_steps": LOCAL_STEPS, "client_optimizer": f"sgd({CLIENT_LR})",
+                     "batch_size": BATCH_SIZE, "local_steps": LOCAL_STEPS,
+                     "client_optimizer": f"sgd({CLIENT_LR})",
                      "server_optimizer": f"fedavg_server({SERVER_LR})",
                      "examples_per_client_per_round": EXAMPLES_PER_CLIENT_ROUND},
         "timing": {"statistic": "median of reps (best also given)", "reps": reps, "min_time_s": min_time,

@@ -35,7 +35,7 @@ import optax
 from fedjax_lab.engine import LocalSchedule
 from fedjax_lab.engine.local_training import train_locally
 from fedjax_lab.engine.types import ClientData
-from fedjax_lab.experiments.build import default_lowering
+from fedjax_lab.experiments.classifiers import default_lowering
 from fedjax_lab.methods.fedcog import generate, label_counts, target_labels
 from fedjax_lab.models import Classifier, SimpleCNN
 
@@ -80,17 +80,18 @@ def main() -> None:
         labels = target_labels(label_counts(counts, size), size)
         gen = jax.jit(lambda g, p, key, labels=labels: generate(classifier.module.apply, g, p, labels, key,
                                                                  (32, 32, 3), args.steps).inputs)
-        rows[f"generate {size}"] = median_seconds(lambda gen=gen: gen(global_vars, local_vars, jax.random.key(5)),
+        rows[f"generate {size}"] = median_seconds(lambda gen=gen: gen(global_vars, local_vars,
+                                                                      jax.random.key(5)),
                                                   args.repeats)
         print(f"generate N={size}, S={args.steps}: {rows[f'generate {size}']:.2f} s "
               f"({rows[f'generate {size}'] / rows['local']:.2f} x local)", flush=True)
-    result = {"machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} {jax.default_backend()} "
-                         f"device(s), jax {jax.__version__}",
+    result = {"machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} "
+                         f"{jax.default_backend()} device(s), jax {jax.__version__}",
               "local_steps": args.local_steps, "generation_steps": args.steps, "seconds": rows,
               "ratio_to_local": {k: v / rows["local"] for k, v in rows.items()},
-              "paper_gpu_seconds": {"local": 14.81, "generate 16": 0.72, "generate 32": 0.78, "generate 64": 0.79,
-                                    "generate 128": 0.80, "generate 256": 0.81, "generate 512": 0.83,
-                                    "generate 1024": 1.27}}
+              "paper_gpu_seconds": {"local": 14.81, "generate 16": 0.72, "generate 32": 0.78,
+                                    "generate 64": 0.79, "generate 128": 0.80, "generate 256": 0.81,
+                                    "generate 512": 0.83, "generate 1024": 1.27}}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -1,21 +1,23 @@
 """FedCOG's Table 1 (every method) and Table 3 (X and X + FedCOG for five bases), at CPU scale.
 
-The federation is the paper's (``configs/fedcog/cpu_<dataset>.yaml``: 10 clients all taking part, the simple-CNN,
-SGD lr 0.01 with momentum 0.9 and weight decay 1e-5, crop + flip) with 50 local iterations instead of 400 and
-30 rounds instead of 70; FedCOG runs FedAvg for 20 rounds, then FedAvg + FedCOG for 10 (the paper: 50 + 20),
-generating N = 128 inputs in 50 steps (the paper: 256 in 100). NIID-1 is Dirichlet(0.1), NIID-2 the code's
-deterministic class blocks (2 classes a client; 10 on CIFAR-100). Each baseline has the hyper-parameters the
-paper (or, where it gives none, its code) sets: ``METHODS`` below.
+The federation is the paper's (``configs/fedcog/cpu_<dataset>.yaml``: 10 clients all taking part, the
+simple-CNN, SGD lr 0.01 with momentum 0.9 and weight decay 1e-5, crop + flip) with 50 local iterations instead
+of 400 and 30 rounds instead of 70; FedCOG runs FedAvg for 20 rounds, then FedAvg + FedCOG for 10 (the paper:
+50 + 20), generating N = 128 inputs in 50 steps (the paper: 256 in 100). NIID-1 is Dirichlet(0.1), NIID-2 the
+code's deterministic class blocks (2 classes a client; 10 on CIFAR-100). Each baseline has the
+hyper-parameters the paper (or, where it gives none, its code) sets: ``METHODS`` below.
 
 Table 3 at this scale: 20 rounds of X, then one more round of X (x) or of X + FedCOG (v).
 
-A cell is the final round's test accuracy, mean ± std (the sample standard deviation, ddof 1) over the seeds (the
-paper does not say whether it reports the final or the best round). Runs go to ``runs/fedcog/<dataset>/<niid>/<method>/seed<k>`` and
-``runs/fedcog/<dataset>/<niid>/table3/<base>{,_fedcog}/seed<k>``; finished runs are reused, and several copies of
-the script share the work (a claim file per run). Writes ``docs/reproductions/fedcog_tables.md`` and
-``docs/reproductions/fedcog_claims.md``: each claim of the paper the tables test, judged by the paired difference
-over seeds and its 95 % interval (held, not held or unresolved). The claims read the CIFAR-10 rerun of FedAvg,
-FedCOG and its size weighting on one VM too (``--weighting-runs``, records ``fedcog_weighting.jsonl.gz``).
+A cell is the final round's test accuracy, mean ± std (the sample standard deviation, ddof 1) over the seeds
+(the paper does not say whether it reports the final or the best round). Runs go to
+``runs/fedcog/<dataset>/<niid>/<method>/seed<k>`` and
+``runs/fedcog/<dataset>/<niid>/table3/<base>{,_fedcog}/seed<k>``; finished runs are reused, and several copies
+of the script share the work (a claim file per run). Writes ``docs/reproductions/fedcog_tables.md`` and
+``docs/reproductions/fedcog_claims.md``: each claim of the paper the tables test, judged by the paired
+difference over seeds and its 95 % interval (held, not held or unresolved). The claims read the CIFAR-10 rerun
+of FedAvg, FedCOG and its size weighting on one VM too (``--weighting-runs``, records
+``fedcog_weighting.jsonl.gz``).
 
 Usage::
 
@@ -55,7 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 START = 20  # FedCOG's start round at this scale (the paper: 50)
 NIID = {"niid1": [], "niid2": ["dataset.partition={name: class_blocks, num_clients: 10, classes: 2}"]}
 NIID2_CIFAR100 = ["dataset.partition={name: class_blocks, num_clients: 10, classes: 10}"]
-# method -> (label, algorithm) with the paper's hyper-parameters (Sec. 6.1, App. A.4; its code where it gives none)
+# method -> (label, algorithm) with the paper's hyper-parameters (Sec. 6.1, App. A.4; its code where it gives
+# none)
 METHODS = {
     "fedavg": ("FedAvg", "{name: fedavg}"),
     "fedavgm": ("FedAvgM", "{name: fedavgm, server_optimizer: momentum_fedcog, server_momentum: 0.1}"),
@@ -69,16 +72,16 @@ METHODS = {
     "fedexp": ("FedExP", "{name: fedexp, epsilon: 0.001}"),
     "feddecorr": ("FedDecorr", "{name: feddecorr, beta: 0.01}"),
     "fedreg": ("FedReg", "{name: fedreg, gamma: 0.5, p_iters: 10, pt_eta: 0.001}"),
-    # FedGen's code steps plain SGD; under this protocol's momentum 0.9 (10x the step) its MNIST weights alpha =
-    # beta = 10 diverge on NIID-2, so they are scaled by 1 - momentum.
+    # FedGen's code steps plain SGD; under this protocol's momentum 0.9 (10x the step) its MNIST weights alpha
+    # = beta = 10 diverge on NIID-2, so they are scaled by 1 - momentum.
     "fedgen": ("FedGen", "{name: fedgen, alpha: 1.0, beta: 1.0}"),
     "fedcog": ("**FedCOG**", None),  # the config's own: FedAvg, then FedAvg + FedCOG from round 20
-    # The same with App. A.2.2's weights (CE n / (n + N_gen), KD N_gen / (n + N_gen)), which its code uses; the
-    # paper does not say which weighting its tables used (docs/fedcog.md).
+    # The same with App. A.2.2's weights (CE n / (n + N_gen), KD N_gen / (n + N_gen)), which its code uses;
+    # the paper does not say which weighting its tables used (docs/fedcog.md).
     "fedcog_size": ("FedCOG, size weighting", None),
 }
-PLUGIN = {"fedcog_size": [(f"algorithm.plugins=[{{name: fedcog, start_round: {START}, num_samples: 128, steps: 50, "
-                           "kd_weighting: size}]")]}
+PLUGIN = {"fedcog_size": [(f"algorithm.plugins=[{{name: fedcog, start_round: {START}, num_samples: 128, "
+                           "steps: 50, kd_weighting: size}]")]}
 KEEP = Keep()  # what the records keep: the report reads the evaluated rows only
 BASES = ["fedavg", "fedavgm", "fedprox", "scaffold", "moon"]
 PAPER_T1 = {  # Table 1: method -> (FMNIST NIID-1, NIID-2, CIFAR-10 NIID-1, NIID-2, CIFAR-100 NIID-1, NIID-2)
@@ -144,15 +147,17 @@ def table3_jobs(datasets, niids, seeds):
                     algorithm = METHODS[base][1][:-1]  # '{name: ...' without its closing brace
                     common = [*partition(dataset, niid), f"seed={seed}", f"rounds.num_rounds={START + 1}",
                               f"eval.every={START + 1}"]
-                    yield f"{dataset}/{niid}/table3/{base}/seed{seed}", dataset, common + [f"algorithm={algorithm}}}"]
+                    yield (f"{dataset}/{niid}/table3/{base}/seed{seed}", dataset,
+                           common + [f"algorithm={algorithm}}}"])
                     yield (f"{dataset}/{niid}/table3/{base}_fedcog/seed{seed}", dataset,
-                           common + [(f"algorithm={algorithm}, plugins: [{{name: fedcog, start_round: {START}, "
-                                      "num_samples: 128, steps: 50}]}")])
+                           common + [(f"algorithm={algorithm}, plugins: [{{name: fedcog, start_round: "
+                                      f"{START}, num_samples: 128, steps: 50}}]}}")])
 
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(REPO / "configs" / "fedcog" / f"cpu_{dataset}.yaml", overrides), KEEP)
+    done = run_once(runs, name, load_config(REPO / "configs" / "fedcog" / f"cpu_{dataset}.yaml", overrides),
+                    KEEP)
     if done:
         print(f"{name:<52} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -179,8 +184,8 @@ def by_seed(runs: Path, name: str, seeds) -> dict[int, float]:
 
 
 def gain(runs: Path, name: str, seed: int, plugged: str | None = None) -> str:
-    """``plugged``'s final accuracy minus ``name``'s on one seed, in points, or '-' if either has not finished;
-    ``plugged`` defaults to X + FedCOG for the base X of ``name`` (``<name>_fedcog``)."""
+    """``plugged``'s final accuracy minus ``name``'s on one seed, in points, or '-' if either has not
+    finished; ``plugged`` defaults to X + FedCOG for the base X of ``name`` (``<name>_fedcog``)."""
     plugged = plugged or f"{name}_fedcog"
     base, other = final_accuracy(runs / f"{name}/seed{seed}"), final_accuracy(runs / f"{plugged}/seed{seed}")
     return "-" if base is None or other is None else f"{other - base:+.1f}"
@@ -189,35 +194,42 @@ def gain(runs: Path, name: str, seed: int, plugged: str | None = None) -> str:
 def report(runs: Path, datasets, seeds, out: Path) -> None:
     """Table 1 and Table 3 beside the paper's rows, from the runs that have finished."""
     lines = ["# FedCOG at CPU scale (generated by `benchmarks/fedcog_table.py`)", "",
-             "10 clients all taking part, simple-CNN, SGD 0.01 / momentum 0.9 / wd 1e-5, crop + flip; 50 local "
-             "iterations (the paper: 400) and 30 rounds (the paper: 70); FedCOG = 20 FedAvg rounds then 10 FedAvg + "
-             "FedCOG rounds (the paper: 50 + 20) with N = 128, S = 50 (the paper: 256, 100). A cell: paper | ours, "
-             "the final round's test accuracy, mean ± std over seeds " + ", ".join(map(str, seeds)) +
-             " (ours: the sample standard deviation, ddof 1); '-' is not run. Each claim judged over the seeds: "
-             "[fedcog_claims.md](fedcog_claims.md).", ""]
+             "10 clients all taking part, simple-CNN, SGD 0.01 / momentum 0.9 / wd 1e-5, crop + flip; 50 "
+             "local iterations (the paper: 400) and 30 rounds (the paper: 70); FedCOG = 20 FedAvg rounds "
+             "then 10 FedAvg + FedCOG rounds (the paper: 50 + 20) with N = 128, S = 50 (the paper: 256, "
+             "100). A cell: paper | ours, the final round's test accuracy, mean ± std over seeds "
+             + ", ".join(map(str, seeds)) +
+             " (ours: the sample standard deviation, ddof 1); '-' is not run. Each claim judged over the "
+             "seeds: [fedcog_claims.md](fedcog_claims.md).", ""]
     for dataset in datasets:
         column = DATASET_COLUMN[dataset]
-        lines += [f"## Table 1, {dataset}", "", "| method | NIID-1 paper | NIID-1 ours | NIID-2 paper | NIID-2 ours |",
+        lines += [f"## Table 1, {dataset}", "",
+                  "| method | NIID-1 paper | NIID-1 ours | NIID-2 paper | NIID-2 ours |",
                   "|---|---|---|---|---|"]
         for method, (label, _) in METHODS.items():
-            ours = [cell(accuracies(runs, f"{dataset}/{niid}/{method}", seeds), of=len(seeds)) for niid in NIID]
+            ours = [cell(accuracies(runs, f"{dataset}/{niid}/{method}", seeds), of=len(seeds))
+                    for niid in NIID]
             paper = PAPER_T1.get(method, ("-",) * 6)  # the paper has one FedCOG row (its weighting unstated)
             row = [f"{paper[column + k]} | {ours[k]}" for k in range(len(NIID))]
             lines.append(f"| {label} | " + " | ".join(row) + " |")
         # Table 1's FedCOG is FedAvg for its first START rounds, bit for bit (tested): the seeds pair.
-        paper = ", ".join(f"{niid.upper()} {paper_mean('fedcog', column + k) - paper_mean('fedavg', column + k):+.2f}"
+        paper = ", ".join(f"{niid.upper()} "
+                          f"{paper_mean('fedcog', column + k) - paper_mean('fedavg', column + k):+.2f}"
                           for k, niid in enumerate(NIID))
-        lines += ["", (f"FedCOG's gain over FedAvg, seed by seed (points; seeds {' / '.join(map(str, seeds))}; "
-                       f"the paper's: {paper}):"), "",
-                  "| weighting | " + " | ".join(niid.upper() for niid in NIID) + " |", "|---|" + "---|" * len(NIID)]
+        lines += ["", ("FedCOG's gain over FedAvg, seed by seed (points; seeds "
+                       f"{' / '.join(map(str, seeds))}; the paper's: {paper}):"), "",
+                  "| weighting | " + " | ".join(niid.upper() for niid in NIID) + " |",
+                  "|---|" + "---|" * len(NIID)]
         for method, weighting in (("fedcog", "fixed (lambda_kd 0.01)"), ("fedcog_size", "size (App. A.2.2)")):
             lines.append(f"| {weighting} | " + " | ".join(" / ".join(
                 gain(runs, f"{dataset}/{niid}/fedavg", s, f"{dataset}/{niid}/{method}") for s in seeds)
                 for niid in NIID) + " |")
         lines.append("")
         if has_runs(runs / dataset, "*/table3/*/*"):
-            lines += [f"## Table 3, {dataset}: {START} rounds of X, then one round of X (x) or X + FedCOG (v)", "",
-                      "| setting | " + " | ".join(f"{METHODS[b][0]} x | {METHODS[b][0]} v" for b in BASES) + " |",
+            lines += [(f"## Table 3, {dataset}: {START} rounds of X, then one round of X (x) or X "
+                       "+ FedCOG (v)"), "",
+                      "| setting | " + " | ".join(f"{METHODS[b][0]} x | {METHODS[b][0]} v" for b in BASES)
+                      + " |",
                       "|---|" + "---|---|" * len(BASES)]
             for niid in NIID:
                 if dataset == "cifar10":
@@ -229,20 +241,22 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                     plugged = accuracies(runs, f"{dataset}/{niid}/table3/{b}_fedcog", seeds)
                     ours.append(f"{cell(plain, of=len(seeds))} | {cell(plugged, of=len(seeds))}")
                 lines.append(f"| ours {niid.upper()} | " + " | ".join(ours) + " |")
-            lines += ["", "The gain of X + FedCOG over X, seed by seed (points; seeds " + " / ".join(map(str, seeds)) +
+            lines += ["", "The gain of X + FedCOG over X, seed by seed (points; seeds "
+                      + " / ".join(map(str, seeds)) +
                       "; '-' where a run has not finished):", "",
                       "| base | " + " | ".join(n.upper() for n in NIID) + " |", "|---|" + "---|" * len(NIID)]
             for b in BASES:
                 lines.append(f"| {METHODS[b][0]} | " + " | ".join(
-                    " / ".join(gain(runs, f"{dataset}/{niid}/table3/{b}", s) for s in seeds) for niid in NIID) + " |")
+                    " / ".join(gain(runs, f"{dataset}/{niid}/table3/{b}", s) for s in seeds) for niid in NIID)
+                             + " |")
             lines.append("")
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 
 
 def claims(runs: Path, weighting: Path, datasets, seeds, out: Path) -> None:
-    """The claims Table 1 and Table 3 test, each judged by the paired difference over seeds (``table_runs.judge``),
-    from the runs that have finished."""
+    """The claims Table 1 and Table 3 test, each judged by the paired difference over seeds
+    (``table_runs.judge``), from the runs that have finished."""
     table1, size, best, table3 = [], [], [], []
     for dataset in datasets:
         column = DATASET_COLUMN[dataset]
@@ -250,16 +264,18 @@ def claims(runs: Path, weighting: Path, datasets, seeds, out: Path) -> None:
             where, prefix = f"{LABELS[dataset]} {LABELS[niid]}", f"{dataset}/{niid}"
             gain = paper_mean("fedcog", column + k) - paper_mean("fedavg", column + k)
             fedavg = by_seed(runs, f"{prefix}/fedavg", seeds)
-            table1.append(Claim(f"FedCOG beats FedAvg, {where}", gain, by_seed(runs, f"{prefix}/fedcog", seeds), fedavg))
-            # Where the one-VM rerun holds the cell, the size weighting is judged there (each seed's three runs share
-            # a machine and so their first 20 rounds); elsewhere against Table 1's FedAvg.
+            table1.append(Claim(f"FedCOG beats FedAvg, {where}", gain,
+                                by_seed(runs, f"{prefix}/fedcog", seeds), fedavg))
+            # Where the one-VM rerun holds the cell, the size weighting is judged there (each seed's three
+            # runs share a machine and so their first 20 rounds); elsewhere against Table 1's FedAvg.
             rerun = has_runs(weighting / prefix, "fedcog_size/*")
             if rerun:
                 table1.append(Claim(f"FedCOG beats FedAvg, {where}, one-VM rerun", gain,
                                     by_seed(weighting, f"{prefix}/fedcog", seeds),
                                     by_seed(weighting, f"{prefix}/fedavg", seeds)))
             source = weighting if rerun else runs
-            size.append(Claim(f"FedCOG, size weighting, beats FedAvg, {where}{', one-VM rerun' if rerun else ''}",
+            size.append(Claim("FedCOG, size weighting, beats FedAvg, "
+                              f"{where}{', one-VM rerun' if rerun else ''}",
                               gain, by_seed(source, f"{prefix}/fedcog_size", seeds),
                               by_seed(source, f"{prefix}/fedavg", seeds)))
             fedcog = by_seed(runs, f"{prefix}/fedcog", seeds)
@@ -267,58 +283,68 @@ def claims(runs: Path, weighting: Path, datasets, seeds, out: Path) -> None:
                 if method not in ("fedavg", "fedcog"):
                     paper_row = "fedsam" if method == "fedsam_code" else method  # the paper's one FedSAM row
                     best.append(Claim(f"FedCOG beats {METHODS[method][0]}, {where}",
-                                      paper_mean("fedcog", column + k) - paper_mean(paper_row, column + k), fedcog,
-                                      by_seed(runs, f"{prefix}/{method}", seeds)))
+                                      paper_mean("fedcog", column + k) - paper_mean(paper_row, column + k),
+                                      fedcog, by_seed(runs, f"{prefix}/{method}", seeds)))
             if has_runs(runs / dataset, "*/table3/*/*"):
                 for b in BASES:
                     plain, plugged = PAPER_T3[niid][b]
-                    table3.append(Claim(f"{METHODS[b][0]} + FedCOG beats {METHODS[b][0]}, {where}", plugged - plain,
-                                        by_seed(runs, f"{prefix}/table3/{b}_fedcog", seeds),
+                    table3.append(Claim(f"{METHODS[b][0]} + FedCOG beats {METHODS[b][0]}, {where}",
+                                        plugged - plain, by_seed(runs, f"{prefix}/table3/{b}_fedcog", seeds),
                                         by_seed(runs, f"{prefix}/table3/{b}", seeds),
                                         paper_note="" if dataset == "cifar10" else "(CIFAR-10's)"))
-    lines = ["# FedCOG's claims, judged over seeds (generated by `benchmarks/fedcog_table.py`)", "", CLAIMS_RULE, "",
-             ("Ours: the final round's test accuracy (%), the number [fedcog_tables.md](fedcog_tables.md) shows, from "
-              "the runs' records (`benchmarks/results/records/fedcog.jsonl.gz`; the one-VM rerun of CIFAR-10: "
-              "`fedcog_weighting.jsonl.gz`). Claims with no paired records are listed under their table: their runs "
-              "predate the records, and their cells in fedcog_tables.md come from those runs."), "",
+    lines = ["# FedCOG's claims, judged over seeds (generated by `benchmarks/fedcog_table.py`)", "",
+             CLAIMS_RULE, "",
+             ("Ours: the final round's test accuracy (%), the number [fedcog_tables.md](fedcog_tables.md) "
+              "shows, from the runs' records (`benchmarks/results/records/fedcog.jsonl.gz`; the one-VM rerun "
+              "of CIFAR-10: `fedcog_weighting.jsonl.gz`). Claims with no paired records are listed under "
+              "their table: their runs predate the records, and their cells in fedcog_tables.md come from "
+              "those runs."), "",
              "## Table 1: \"FedCOG improves on FedAvg\"", "", *claims_table(table1), "",
-             ("## Table 1 with the code's size weighting (App. A.2.2; the paper does not say which weighting its "
-              "table used, so its FedCOG gain is the reference)"), "", *claims_table(size), "",
+             ("## Table 1 with the code's size weighting (App. A.2.2; the paper does not say which weighting "
+              "its table used, so its FedCOG gain is the reference)"), "", *claims_table(size), "",
              "## Table 1: \"FedCOG is the best method in every column\"", "", *claims_table(best), ""]
     if table3:
-        lines += [("## Table 3: \"one round of X + FedCOG beats one round of X\" (20 rounds of X first; the paper's "
-                   "Table 3 is CIFAR-10's, and its gains are the reference on Fashion-MNIST too)"), "",
-                  *claims_table(table3), ""]
+        lines += [("## Table 3: \"one round of X + FedCOG beats one round of X\" (20 rounds of X first; the "
+                   "paper's Table 3 is CIFAR-10's, and its gains are the reference on Fashion-MNIST too)"),
+                  "", *claims_table(table3), ""]
     figure = out.with_name("fedcog_curves.png")
     if plot_decisive_curves(runs, datasets, seeds, figure):
-        lines += ["## The decisive curves", "", (f"![FedAvg, FedCOG and its size weighting]({figure.name})"), "",
-                  (f"Test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} with a band of one "
-                   "sample standard deviation (ddof 1); FedCOG starts generating at the dashed line."), ""]
+        lines += ["## The decisive curves", "", (f"![FedAvg, FedCOG and its size weighting]({figure.name})"),
+                  "",
+                  (f"Test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} with a band "
+                   "of one sample standard deviation (ddof 1); FedCOG starts generating at the dashed line."),
+                  ""]
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 
 
 def decisive(records=None) -> Decisive:
-    """Table 1's "FedCOG improves on FedAvg" in every dataset and split that has records, for the summary page.
-    ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records)."""
+    """Table 1's "FedCOG improves on FedAvg" in every dataset and split that has records, for the summary
+    page. ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed
+    records)."""
     records = collect(REPO / "runs" / "fedcog", KEEP) if records is None else records
     seeds = seeds_on_disk(records, [0, 1, 2])
     found = [Claim(f"FedCOG beats FedAvg, {LABELS[dataset]} {LABELS[niid]}",
-                   paper_mean("fedcog", DATASET_COLUMN[dataset] + k) - paper_mean("fedavg", DATASET_COLUMN[dataset] + k),
-                   by_seed(records, f"{dataset}/{niid}/fedcog", seeds), by_seed(records, f"{dataset}/{niid}/fedavg", seeds))
+                   paper_mean("fedcog", DATASET_COLUMN[dataset] + k)
+                   - paper_mean("fedavg", DATASET_COLUMN[dataset] + k),
+                   by_seed(records, f"{dataset}/{niid}/fedcog", seeds),
+                   by_seed(records, f"{dataset}/{niid}/fedavg", seeds))
              for dataset in datasets_on_disk(records, DATASET_COLUMN) for k, niid in enumerate(NIID)]
     return Decisive("FedCOG (Fake It Till Make It), Table 1", "fedcog_claims.md",
                     "10 clients, simple-CNN, 70 rounds of 400 local steps of 64 (FedCOG from round 50)",
-                    "the paper's federation and model, 30 rounds of 50 local steps (FedCOG from round 20): 5.4 % of "
-                    "its client steps", found)
+                    "the paper's federation and model, 30 rounds of 50 local steps (FedCOG from round 20): "
+                    "5.4 % of its client steps", found)
 
 
 def plot_decisive_curves(runs: Path, datasets, seeds, out: Path) -> bool:
-    """Table 1's decisive comparison as curves: FedAvg, FedCOG and its size weighting, one panel per dataset and
-    split, the mean over seeds with a band of one sample standard deviation. Returns whether anything was drawn."""
+    """Table 1's decisive comparison as curves: FedAvg, FedCOG and its size weighting, one panel per dataset
+    and split, the mean over seeds with a band of one sample standard deviation. Returns whether anything was
+    drawn."""
     methods = (("fedavg", "FedAvg"), ("fedcog", "FedCOG"), ("fedcog_size", "FedCOG, size weighting"))
-    return plot_bands([(f"{LABELS[d]} {LABELS[n]}", [(label, seed_curves(runs / d / n / m, seeds)) for m, label in methods])
-                       for d in datasets for n in NIID if has_runs(runs / d / n, "fedcog/*")], out, mark=START)
+    return plot_bands([(f"{LABELS[d]} {LABELS[n]}",
+                        [(label, seed_curves(runs / d / n / m, seeds)) for m, label in methods])
+                       for d in datasets for n in NIID if has_runs(runs / d / n, "fedcog/*")], out,
+                      mark=START)
 
 
 def main() -> None:
@@ -330,7 +356,8 @@ def main() -> None:
     parser.add_argument("--part", nargs="+", default=["table1"], choices=["table1", "table3"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedcog"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedcog_tables.md"))
-    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="take the jobs in reverse order (a second copy)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", default=str(REPO / "docs" / "reproductions" / "fedcog_claims.md"))

@@ -11,9 +11,9 @@ clients, 10 a round, the small CNN, 5 local Adam steps of 32) with zero delay, s
 * ``feddle-id``: insert, normalise, 20 coefficient steps of 64 (Eq. 17);
 * ``feddle-ood``: the same on MNIST with 20 surrogate-head steps first.
 
-Times are medians over ``--repeats`` blocks of ``--rounds`` rounds after a compiled warm-up block, the settings
-interleaved, no evaluation. ``extra`` is a setting's time per round minus FedBuff's: the server's extra time.
-Memory: the loop state's bytes (Feddle's atlas; FedDF's stored trained models). Writes
+Times are medians over ``--repeats`` blocks of ``--rounds`` rounds after a compiled warm-up block, the
+settings interleaved, no evaluation. ``extra`` is a setting's time per round minus FedBuff's: the server's
+extra time. Memory: the loop state's bytes (Feddle's atlas; FedDF's stored trained models). Writes
 ``benchmarks/results/feddle_cost.json``.
 
 Usage::
@@ -59,7 +59,8 @@ def measure(rounds: int, repeats: int) -> dict:
     for name, (config, overrides) in SETTINGS.items():
         experiment = build_experiment(load_config(config, [*overrides, "asynchrony={delay: zero}"]))
         state = experiment.initial_state()
-        state, _ = experiment.run_rounds(state, experiment.inputs, num_rounds=rounds)  # compile, fill the atlas
+        # compile, fill the atlas
+        state, _ = experiment.run_rounds(state, experiment.inputs, num_rounds=rounds)
         jax.block_until_ready(state)
         experiments[name], states[name] = experiment, state
         rows[name] = {"state_bytes": tree_bytes(state), "seconds": []}
@@ -87,8 +88,8 @@ def main() -> None:
     rows = measure(args.rounds, args.repeats)
     print(f"{'setting':12s} {'s/round':>8s} {'x fedbuff':>9s} {'extra s':>8s} {'state MiB':>10s}")
     for name, r in rows.items():
-        print(f"{name:12s} {r['seconds_per_round']:8.3f} {r['time_vs_fedbuff']:9.2f} {r['extra_seconds']:8.3f} "
-              f"{r['state_bytes'] / 2**20:10.1f}")
+        print(f"{name:12s} {r['seconds_per_round']:8.3f} {r['time_vs_fedbuff']:9.2f} "
+              f"{r['extra_seconds']:8.3f} {r['state_bytes'] / 2**20:10.1f}")
     result = {"rounds": args.rounds, "repeats": args.repeats, "backend": jax.default_backend(),
               "machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} device(s)",
               "settings": rows}

@@ -1,8 +1,8 @@
 """Feddle's Table 5 (small CNN from scratch), its Table 3 ablation and its lambda and M trends, at CPU scale.
 
 Every method of Table 5 on ``configs/feddle/cpu_<dataset>{,_ood}.yaml`` (the federation of
-``configs/async/cpu_<dataset>.yaml``: 500 clients, 10 dispatched a round, the small CNN, Adam clients with 5 steps
-of 32, 100 rounds), in the paper's two groups:
+``configs/async/cpu_<dataset>.yaml``: 500 clients, 10 dispatched a round, the small CNN, Adam clients with 5
+steps of 32, 100 rounds), in the paper's two groups:
 
 * with in-domain server data (1000 test rows, evaluation on the rest): Center, Fed+FT, HFCL, FedDF-ID,
   Feddle-ID;
@@ -11,21 +11,22 @@ of 32, 100 rounds), in the paper's two groups:
 FedDF at two rates of the paper's grid: 1e-3, its top, and 1e-5, its best here (``--part feddf_lr``).
 
 A cell is the best of the last five evaluations (every 10 rounds), mean ± std (the sample standard deviation,
-ddof 1) over the seeds, as the paper reports. Runs go to ``runs/feddle/<dataset>/dir<alpha>/N<sigma>/<method>/seed<k>``;
-finished runs are reused, and several copies of the script share the work (a claim file per run). Writes
-``docs/reproductions/feddle_tables.md`` and its figures, and ``docs/reproductions/feddle_claims.md``: each claim of
-the paper the tables test ("Feddle consistently outperforms all baselines", per column; the ablation's steps),
-judged by the paired difference over seeds and its 95 % interval (held, not held or unresolved).
+ddof 1) over the seeds, as the paper reports. Runs go to
+``runs/feddle/<dataset>/dir<alpha>/N<sigma>/<method>/seed<k>``; finished runs are reused, and several copies
+of the script share the work (a claim file per run). Writes ``docs/reproductions/feddle_tables.md`` and its
+figures, and ``docs/reproductions/feddle_claims.md``: each claim of the paper the tables test ("Feddle
+consistently outperforms all baselines", per column; the ablation's steps), judged by the paired difference
+over seeds and its 95 % interval (held, not held or unresolved).
 
 Usage::
 
-    python benchmarks/feddle_table.py                                  # Fashion-MNIST, Dir(0.1), N(20) and N(5)
-    python benchmarks/feddle_table.py --reverse                        # a second copy, from the other end
-    python benchmarks/feddle_table.py --part ablation trends           # Table 3 and the lambda / M trends (seed 0)
-    python benchmarks/feddle_table.py --part feddf_lr                  # FedDF on the paper's lr grid (seed 0)
+    python benchmarks/feddle_table.py                             # Fashion-MNIST, Dir(0.1), N(20) and N(5)
+    python benchmarks/feddle_table.py --reverse                   # a second copy, from the other end
+    python benchmarks/feddle_table.py --part ablation trends      # Table 3 and the lambda / M trends (seed 0)
+    python benchmarks/feddle_table.py --part feddf_lr             # FedDF on the paper's lr grid (seed 0)
     python benchmarks/feddle_table.py --datasets cifar10 cifar100 --alphas 0.1 0.3   # the rest of Table 5
-    python benchmarks/feddle_table.py --report                         # the report from finished runs only
-    python benchmarks/feddle_table.py --claims                         # only the claims page
+    python benchmarks/feddle_table.py --report                    # the report from finished runs only
+    python benchmarks/feddle_table.py --claims                    # only the claims page
 """
 
 from __future__ import annotations
@@ -59,21 +60,24 @@ from fedjax_lab.experiments import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "feddle"
-# What the records keep beside the evaluated rows: the per-round metrics the report reads (the negative-coefficient
-# figure, the probe cosines and FedDF's step norms, at the rounds with a server step).
+# What the records keep beside the evaluated rows: the per-round metrics the report reads (the
+# negative-coefficient figure, the probe cosines and FedDF's step norms, at the rounds with a server step).
 KEEP = Keep(rounds=("server_steps", "update_norm", "feddle_negative_fraction", "feddle_probe_cosine",
                     "feddf_step_norm"))
 
 
 def feddf(learning_rate: float) -> str:
-    """FedDF's override: 10 distillation steps a server step at ``learning_rate`` (the paper's grid: FEDDF_RATES)."""
+    """FedDF's override: 10 distillation steps a server step at ``learning_rate`` (the paper's grid:
+    FEDDF_RATES)."""
     return f"algorithm={{name: feddf, steps: 10, learning_rate: {learning_rate}}}"
 
 
-FEDDF = feddf(1e-3)  # the grid's top rate, the table's first FedDF rows; 1e-5 is the grid's best (see feddf_lr)
+# the grid's top rate, the table's first FedDF rows; 1e-5 is the grid's best (see feddf_lr)
+FEDDF = feddf(1e-3)
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
-    "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null", "rounds.clients_per_round=1"]),
+    "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null",
+                                "rounds.clients_per_round=1"]),
     "fedft": ("Fed+FT", "id", ["algorithm={name: fedft}"]),
     "hfcl": ("HFCL", "id", ["algorithm={name: hfcl}"]),
     "feddf_id": ("FedDF-ID (lr 1e-3)", "id", [FEDDF]),
@@ -89,11 +93,11 @@ METHODS = {
 }
 COLUMNS = [(0.1, 20), (0.1, 5), (0.3, 20), (0.3, 5)]
 LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100 superclasses"}
-# "Feddle consistently outperforms all baselines" (App. F.2), bold per data availability: Feddle-ID against every
-# method with in-domain data and every asynchronous baseline, Feddle-OOD against every method without in-domain
-# data (the paper concedes Center beats it on CIFAR-10 Dir(0.1)/N(20)).
-RIVALS = {"feddle_id": ["center", "fedft", "hfcl", "feddf_id", "feddf_id_lr1e-5", "fedavg", "fedasync", "fedbuff",
-                        "ca2fl"],
+# "Feddle consistently outperforms all baselines" (App. F.2), bold per data availability: Feddle-ID against
+# every method with in-domain data and every asynchronous baseline, Feddle-OOD against every method without
+# in-domain data (the paper concedes Center beats it on CIFAR-10 Dir(0.1)/N(20)).
+RIVALS = {"feddle_id": ["center", "fedft", "hfcl", "feddf_id", "feddf_id_lr1e-5", "fedavg", "fedasync",
+                        "fedbuff", "ca2fl"],
           "feddle_ood": ["fedavg", "fedasync", "fedbuff", "ca2fl", "feddf_ood", "feddf_ood_lr1e-5"]}
 PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
     "cifar10": {
@@ -133,7 +137,8 @@ PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
 for _rows in PAPER.values():  # the paper reports FedDF once, at its tuned rate: beside both of our rates
     _rows["feddf_id_lr1e-5"], _rows["feddf_ood_lr1e-5"] = _rows["feddf_id"], _rows["feddf_ood"]
 NO_SEARCH_START = ["algorithm.fallback_init=false", "algorithm.regularization=0.0"]
-ABLATION = [  # Table 3, cumulative; the paper (ResNet18, CIFAR-10, Dir(0.1)/N(20)): (in-domain, out-of-domain)
+ABLATION = [
+    # Table 3, cumulative; the paper (ResNet18, CIFAR-10, Dir(0.1)/N(20)): (in-domain, out-of-domain)
     ("Base (FIFO, no normalisation, c from 0, lambda 0)",
      NO_SEARCH_START + ["algorithm.normalize=false", "algorithm.eviction=fifo"], ("81.9±0.7", "10.9±0.4")),
     ("+ anchor normalisation", NO_SEARCH_START + ["algorithm.eviction=fifo"], ("83.1±0.4", "7.7±0.4")),
@@ -183,9 +188,10 @@ def table_jobs(datasets, alphas, sigmas, seeds, methods):
                         if method == "center" and (alpha, sigma) != (alphas[0], sigmas[0]):
                             continue  # Center uses no client: one run per seed
                         _, data, overrides = METHODS[method]
-                        yield (f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}", config_for(dataset, data),
-                               [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}", f"seed={seed}",
-                                *overrides])
+                        yield (f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}",
+                               config_for(dataset, data),
+                               [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}",
+                                f"seed={seed}", *overrides])
 
 
 def study_jobs(dataset: str, parts):
@@ -198,7 +204,8 @@ def study_jobs(dataset: str, parts):
         if "trends" in parts or "lambda" in parts:
             for lam in LAMBDAS:
                 if trend_run(dataset, "lambda", data, lam).startswith(f"{dataset}/lambda"):
-                    yield trend_run(dataset, "lambda", data, lam), config, [f"algorithm.regularization={lam}", PROBE]
+                    yield (trend_run(dataset, "lambda", data, lam), config,
+                           [f"algorithm.regularization={lam}", PROBE])
         if "trends" in parts or "atlas" in parts:
             for m in ATLAS_SIZES:
                 if trend_run(dataset, "atlas", data, m).startswith(f"{dataset}/atlas"):
@@ -210,7 +217,8 @@ REGULARIZATION = {"id": 0.0, "ood": 0.01}  # the paper's defaults
 
 
 def feddf_jobs(dataset: str):
-    """FedDF on the paper's learning-rate grid, Dir(0.1)/N(20), seed 0 (lr 1e-3 and 1e-5 are Table 5's runs)."""
+    """FedDF on the paper's learning-rate grid, Dir(0.1)/N(20), seed 0 (lr 1e-3 and 1e-5 are Table 5's
+    runs)."""
     for data in ("id", "ood"):
         for lr in FEDDF_RATES:
             yield (feddf_run(dataset, data, lr), config_for(dataset, data),
@@ -218,7 +226,8 @@ def feddf_jobs(dataset: str):
 
 
 def feddf_run(dataset: str, data: str, lr: float) -> str:
-    """The run of FedDF at ``lr``: Table 5's seed-0 cell for the rates it has rows for, else the grid's own."""
+    """The run of FedDF at ``lr``: Table 5's seed-0 cell for the rates it has rows for, else the grid's
+    own."""
     rows = [m for m, (_, server, overrides) in METHODS.items() if server == data and overrides == [feddf(lr)]]
     return f"{cell_name(dataset, 0.1, 20)}/{rows[0]}/seed0" if rows else f"{dataset}/feddf_lr/{data}/{lr}"
 
@@ -247,8 +256,8 @@ def series(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def center_metric(runs: Path, dataset: str, seed: int) -> tuple[float, float] | None:
-    """Center's ``paper_metric``: it uses no client, so it runs once per seed, under the first column the script
-    was asked for, whichever that was."""
+    """Center's ``paper_metric``: it uses no client, so it runs once per seed, under the first column the
+    script was asked for, whichever that was."""
     found = (paper_metric(runs / f"{cell_name(dataset, a, s)}/center/seed{seed}") for a, s in COLUMNS)
     return next((m for m in found if m is not None), None)
 
@@ -261,20 +270,22 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     lines = ["# Feddle at CPU scale (generated by `benchmarks/feddle_table.py`)", "",
-             "Small CNN from scratch (`feddle_cnn`), 500 clients, 10 dispatched a round, Adam clients (5 steps of 32, "
-             "lr 1e-3), 100 rounds (the paper: 200 rounds, 2 epochs). In-domain server data: 1000 test rows, "
-             "evaluation on the other 9000. Out-of-domain: 10,000 images of another dataset (MNIST for "
-             "Fashion-MNIST, CIFAR-100 for CIFAR-10, CIFAR-10 for CIFAR-100) in place of the paper's ImageNet "
-             "subset. FedDF distils for 10 Adam steps of 64 a server step. A cell: paper | ours, the best of the last "
-             "five evaluations, mean ± std over seeds " + ", ".join(map(str, seeds)) + " (ours: the sample standard "
+             "Small CNN from scratch (`feddle_cnn`), 500 clients, 10 dispatched a round, Adam clients (5 "
+             "steps of 32, lr 1e-3), 100 rounds (the paper: 200 rounds, 2 epochs). In-domain server data: "
+             "1000 test rows, evaluation on the other 9000. Out-of-domain: 10,000 images of another dataset "
+             "(MNIST for Fashion-MNIST, CIFAR-100 for CIFAR-10, CIFAR-10 for CIFAR-100) in place of the "
+             "paper's ImageNet subset. FedDF distils for 10 Adam steps of 64 a server step. A cell: paper | "
+             "ours, the best of the last five evaluations, mean ± std over seeds "
+             + ", ".join(map(str, seeds)) + " (ours: the sample standard "
              "deviation, ddof 1); '-' is not run. Each claim judged over the seeds: "
              "[feddle_claims.md](feddle_claims.md).", ""]
     for dataset in datasets:
         if not has_runs(runs / dataset, "dir*"):
             lines += study_report(runs, dataset, out, plt)
             continue
-        lines += [f"## Table 5, {dataset}", "", (f"Runs: {backends(runs / dataset)} (each record's summary names "
-                  "its backend; a GPU sums floats in another order, which moves a run by about what a seed does)."), "",
+        lines += [f"## Table 5, {dataset}", "", (f"Runs: {backends(runs / dataset)} (each record's summary "
+                  "names its backend; a GPU sums floats in another order, which moves a run by about what "
+                  "a seed does)."), "",
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():
@@ -287,7 +298,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                 if method == "center":
                     got = [center_metric(runs, dataset, seed) for seed in seeds]
                 else:
-                    got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}") for seed in seeds]
+                    got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}")
+                           for seed in seeds]
                 row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None], of=len(seeds))}")
             lines.append(f"| {label} | {'yes' if data == 'id' else 'no'} | " + " | ".join(row) + " |")
         lines.append("")
@@ -297,10 +309,11 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         if found:
             fig, ax = plt.subplots(figsize=(7, 3.6))
             for a, s, m in found:
-                x, y = series(runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}", "feddle_negative_fraction")
+                x, y = series(runs / f"{cell_name(dataset, a, s)}/{m}/seed{seeds[0]}",
+                              "feddle_negative_fraction")
                 ax.plot(x, y, label=f"{METHODS[m][0].strip('*')} Dir({a})/N({s})", lw=1)
-            ax.set(xlabel="round", ylabel="fraction of c < 0", title=f"Negative coefficients, {dataset}, seed "
-                   f"{seeds[0]} (Fig. 6)", ylim=(0, 1))
+            ax.set(xlabel="round", ylabel="fraction of c < 0", title=f"Negative coefficients, {dataset}, "
+                   f"seed {seeds[0]} (Fig. 6)", ylim=(0, 1))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             fig.tight_layout()
@@ -325,12 +338,14 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
     lines = []
     if has_runs(runs / f"{dataset}/ablation", "*/*"):
         lines += [f"## Table 3 (ablation), {dataset}, Dir(0.1)/N(20), seed 0", "",
-                  "| configuration | ID paper | ID ours | ID probe cosine | OOD paper | OOD ours | OOD probe cosine |",
+                  ("| configuration | ID paper | ID ours | ID probe cosine | OOD paper | OOD ours | "
+                   "OOD probe cosine |"),
                   "|---|---|---|---|---|---|---|"]
         for k, (label, _, (pid, pood)) in enumerate(ABLATION):
             lines.append(f"| {label} | {pid} | {acc(f'{dataset}/ablation/id/step{k}')} | "
                          f"{cosine(f'{dataset}/ablation/id/step{k}')} | {pood} | "
-                         f"{acc(f'{dataset}/ablation/ood/step{k}')} | {cosine(f'{dataset}/ablation/ood/step{k}')} |")
+                         f"{acc(f'{dataset}/ablation/ood/step{k}')} | "
+                         f"{cosine(f'{dataset}/ablation/ood/step{k}')} |")
         lines.append("")
         fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
         for ax, data, title in zip(axes, ("ood", "id"), ("out-of-domain search", "in-domain search")):
@@ -340,7 +355,8 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
                 if rows:
                     ax.plot([r["round"] for r in rows], [r["feddle_probe_cosine"] for r in rows], ".", ms=3,
                             label=ABLATION[k][0][:40])
-            ax.set(xlabel="round", ylim=(-1.05, 1.05), title=f"{title}: cos(search dc, test-rows dc) (Fig. 7)")
+            ax.set(xlabel="round", ylim=(-1.05, 1.05),
+                   title=f"{title}: cos(search dc, test-rows dc) (Fig. 7)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         axes[0].set_ylabel("cosine at the search's start")
@@ -354,21 +370,22 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
             lines += [f"## {field} trend, {dataset}, Dir(0.1)/N(20), seed 0", "",
                       f"| {field} | " + " | ".join(map(str, values)) + " |", "|---|" + "---|" * len(values)]
             for data in ("id", "ood"):
-                lines.append(f"| Feddle-{data.upper()} | " + " | ".join(acc(trend_run(dataset, study, data, v))
-                                                                         for v in values) + " |")
+                lines.append(f"| Feddle-{data.upper()} | "
+                             + " | ".join(acc(trend_run(dataset, study, data, v)) for v in values) + " |")
             lines.append("")
     if has_runs(runs / f"{dataset}/feddf_lr", "*/*"):
         lines += [f"## FedDF's distillation learning rate, {dataset}, Dir(0.1)/N(20), seed 0", "",
-                  ("A fresh Adam a server step takes steps of about the learning rate in every parameter, also "
-                   "where the distillation loss is already near 0: the mean distance distillation moves the model "
-                   "a server step, beside the mean norm of the buffered update it follows."), "",
-                  "| FedDF | lr | accuracy | distillation's step (L2) | buffered update (L2) |", "|---|---|---|---|---|"]
+                  ("A fresh Adam a server step takes steps of about the learning rate in every parameter, "
+                   "also where the distillation loss is already near 0: the mean distance distillation moves "
+                   "the model a server step, beside the mean norm of the buffered update it follows."), "",
+                  "| FedDF | lr | accuracy | distillation's step (L2) | buffered update (L2) |",
+                  "|---|---|---|---|---|"]
         for data in ("id", "ood"):
             for lr in FEDDF_RATES:
                 name = feddf_run(dataset, data, lr)
                 rows = [r for r in metrics(runs / name) if r.get("server_steps", 0) > 0]
-                step = f"{np.mean([r['feddf_step_norm'] for r in rows]):.2f}" if rows and "feddf_step_norm" in rows[
-                    0] else "-"
+                step = (f"{np.mean([r['feddf_step_norm'] for r in rows]):.2f}"
+                        if rows and "feddf_step_norm" in rows[0] else "-")
                 update = f"{np.mean([r['update_norm'] for r in rows]):.2f}" if rows else "-"
                 lines.append(f"| {data.upper()} | {lr:g} | {acc(name)} | {step} | {update} |")
         lines.append("")
@@ -376,8 +393,8 @@ def study_report(runs: Path, dataset: str, out: Path, plt) -> list[str]:
 
 
 def scores(runs: Path, dataset: str, alpha: float, sigma: int, method: str, seeds) -> dict[int, float]:
-    """The table's number (best of the last five evaluations, %) of each seed's finished run of ``method`` in the
-    column (alpha, sigma); Center's from whichever column it ran under."""
+    """The table's number (best of the last five evaluations, %) of each seed's finished run of ``method`` in
+    the column (alpha, sigma); Center's from whichever column it ran under."""
     found = {}
     for seed in seeds:
         got = (center_metric(runs, dataset, seed) if method == "center" else
@@ -391,8 +408,8 @@ ASYNCHRONOUS = ("fedavg", "fedasync", "fedbuff", "ca2fl")  # the baselines that 
 
 
 def plot_decisive_curves(runs, seeds, out: Path, dataset: str = "cifar10") -> bool:
-    """Table 5's decisive comparison as curves: Feddle-ID and Feddle-OOD against the asynchronous baselines, one
-    panel per column, with bands over seeds. Returns whether anything was drawn."""
+    """Table 5's decisive comparison as curves: Feddle-ID and Feddle-OOD against the asynchronous baselines,
+    one panel per column, with bands over seeds. Returns whether anything was drawn."""
     return plot_bands([(f"{LABELS[dataset]} Dir({a}), N({s})",
                         [(METHODS[m][0].strip("*"), seed_curves(runs / cell_name(dataset, a, s) / m, seeds))
                          for m in ("feddle_id", "feddle_ood", *ASYNCHRONOUS)]) for a, s in COLUMNS], out)
@@ -400,32 +417,39 @@ def plot_decisive_curves(runs, seeds, out: Path, dataset: str = "cifar10") -> bo
 
 def decisive(records=None) -> Decisive:
     """Table 5 on CIFAR-10: Feddle-ID and Feddle-OOD against the asynchronous baselines, in each column.
-    ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records)."""
+    ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed
+    records)."""
     records = collect(REPO / "runs" / "feddle", KEEP) if records is None else records
     seeds = seeds_on_disk(records / "cifar10", [0, 1, 2])
     found = []
     for method in ("feddle_id", "feddle_ood"):
         for k, (a, s) in enumerate(COLUMNS):
             for rival in ASYNCHRONOUS:
-                found.append(Claim(f"{METHODS[method][0].strip('*')} beats {METHODS[rival][0]}, Dir({a})/N({s})",
-                                   paper_mean(PAPER["cifar10"][method][k]) - paper_mean(PAPER["cifar10"][rival][k]),
+                found.append(Claim(f"{METHODS[method][0].strip('*')} beats {METHODS[rival][0]}, "
+                                   f"Dir({a})/N({s})",
+                                   paper_mean(PAPER["cifar10"][method][k])
+                                   - paper_mean(PAPER["cifar10"][rival][k]),
                                    scores(records, "cifar10", a, s, method, seeds),
                                    scores(records, "cifar10", a, s, rival, seeds), digits=1))
     return Decisive("Feddle (Federated Dual Learning), Table 5, CIFAR-10", "feddle_claims.md",
-                    "500 clients, 10 dispatched a round, half-normal delays, CNN, 200 rounds of 2 local epochs",
-                    "the paper's federation, delays and model, 100 rounds of 5 local steps: 34 % of its client "
-                    "steps (2 epochs of B = 32 average 7.3 steps over its Dirichlet(0.1) clients)", found)
+                    "500 clients, 10 dispatched a round, half-normal delays, CNN, 200 rounds of 2 "
+                    "local epochs",
+                    "the paper's federation, delays and model, 100 rounds of 5 local steps: 34 % of its "
+                    "client steps (2 epochs of B = 32 average 7.3 steps over its Dirichlet(0.1) clients)",
+                    found)
 
 
 def claims(runs: Path, datasets, seeds, out: Path) -> None:
     """Table 5's claims (Feddle against every baseline of its group, per column) and the ablation's (each
     component adds accuracy where the paper's Table 3 says it does), each judged by the paired difference over
     seeds (``table_runs.judge``), from the runs that have finished."""
-    lines = ["# Feddle's claims, judged over seeds (generated by `benchmarks/feddle_table.py`)", "", CLAIMS_RULE, "",
-             ("Ours: the best of the last five evaluations (%), the number [feddle_tables.md](feddle_tables.md) "
-              "shows, from the runs' records (`benchmarks/results/records/feddle.jsonl.gz`). Center uses no client: "
-              "its seed-k run pairs with every column's seed k. Claims no seed pairs for are listed under their table: "
-              "their runs predate the records (their cells in feddle_tables.md come from those runs)."), ""]
+    lines = ["# Feddle's claims, judged over seeds (generated by `benchmarks/feddle_table.py`)", "",
+             CLAIMS_RULE, "",
+             ("Ours: the best of the last five evaluations (%), the number "
+              "[feddle_tables.md](feddle_tables.md) shows, from the runs' records "
+              "(`benchmarks/results/records/feddle.jsonl.gz`). Center uses no client: its seed-k run pairs "
+              "with every column's seed k. Claims no seed pairs for are listed under their table: their runs "
+              "predate the records (their cells in feddle_tables.md come from those runs)."), ""]
     for dataset in datasets:
         if not has_runs(runs / dataset, "dir*"):
             continue
@@ -436,10 +460,11 @@ def claims(runs: Path, datasets, seeds, out: Path) -> None:
                 for rival in rivals:
                     gain = paper_mean(PAPER[dataset][method][k]) - paper_mean(PAPER[dataset][rival][
                         0 if rival == "center" else k])
-                    found.append(Claim(f"{METHODS[method][0].strip('*')} beats {METHODS[rival][0]}, Dir({a})/N({s})",
+                    found.append(Claim(f"{METHODS[method][0].strip('*')} beats {METHODS[rival][0]}, "
+                                       f"Dir({a})/N({s})",
                                        gain, ours, scores(runs, dataset, a, s, rival, seeds), digits=1))
-            group = "every method with in-domain data and every asynchronous baseline" if method == "feddle_id" else \
-                "every method without in-domain data"
+            group = ("every method with in-domain data and every asynchronous baseline"
+                     if method == "feddle_id" else "every method without in-domain data")
             lines += [f"## Table 5, {LABELS[dataset]}: {METHODS[method][0].strip('*')} beats {group}", "",
                       *claims_table(found), ""]
     for dataset in datasets:
@@ -452,16 +477,18 @@ def claims(runs: Path, datasets, seeds, out: Path) -> None:
                 if gain <= 0:
                     continue  # the paper's own table has this step level or lower: no claim
                 now, before = (paper_metric(runs / f"{dataset}/ablation/{data}/step{j}") for j in (k, k - 1))
-                found.append(Claim(f"{ABLATION[k][0]} beats the step before, {'in' if data == 'id' else 'out of'} "
-                                   "domain", gain, {0: now[0]} if now else {}, {0: before[0]} if before else {},
+                found.append(Claim(f"{ABLATION[k][0]} beats the step before, "
+                                   f"{'in' if data == 'id' else 'out of'} domain", gain,
+                                   {0: now[0]} if now else {}, {0: before[0]} if before else {},
                                    digits=1, paper_note="(ResNet18, CIFAR-10)"))
-        lines += [(f"## Table 3 (ablation), {LABELS[dataset]}, Dir(0.1)/N(20): each component adds accuracy (seed 0; "
-                   "the steps where the paper's table shows a gain)"), "", *claims_table(found), ""]
+        lines += [(f"## Table 3 (ablation), {LABELS[dataset]}, Dir(0.1)/N(20): each component adds accuracy "
+                   "(seed 0; the steps where the paper's table shows a gain)"), "", *claims_table(found), ""]
     figure = out.with_name("feddle_curves.png")
     if plot_decisive_curves(runs, seeds, figure):
-        lines += ["## The decisive curves", "", "![Feddle against the asynchronous baselines](feddle_curves.png)", "",
-                  (f"CIFAR-10, test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} with a band of "
-                   "one sample standard deviation (ddof 1)."), ""]
+        lines += ["## The decisive curves", "",
+                  "![Feddle against the asynchronous baselines](feddle_curves.png)", "",
+                  (f"CIFAR-10, test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} "
+                   "with a band of one sample standard deviation (ddof 1)."), ""]
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 
@@ -477,7 +504,8 @@ def main() -> None:
                         choices=["table", "ablation", "trends", "lambda", "atlas", "feddf_lr"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "feddle"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "feddle_tables.md"))
-    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="take the jobs in reverse order (a second copy)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", default=str(REPO / "docs" / "reproductions" / "feddle_claims.md"))

@@ -1,10 +1,11 @@
-"""How hard FedImpro's sampled features are for the model they train: at a run's last checkpoint, the upper part's
-cross-entropy and accuracy on real split features of test rows and on features sampled from the shared statistics,
-and how the shared per-class Gaussians sit against the real ones.
+"""How hard FedImpro's sampled features are for the model they train:
+at a run's last checkpoint, the upper part's cross-entropy and accuracy on real split features of test rows
+and on features sampled from the shared statistics, and how the shared per-class Gaussians sit against the
+real ones.
 
 The sampled features' gradient is what FedImpro adds to a client's update (Eq. 6). When their cross-entropy is
-near zero, they add almost nothing, and the method reduces to its base; when it is far above the real one, they
-pull the upper part towards features the lower part no longer produces.
+near zero, they add almost nothing, and the method reduces to its base; when it is far above the real one,
+they pull the upper part towards features the lower part no longer produces.
 
 Usage::
 
@@ -24,7 +25,8 @@ import numpy as np
 import optax
 
 from fedjax_lab.experiments import load_config
-from fedjax_lab.experiments.build import build_experiment, measured_split
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.evaluators import measured_split
 from fedjax_lab.experiments.run_directory import RunDirectory
 from fedjax_lab.methods.fedimpro import batch_class_moments, sample_features
 
@@ -52,7 +54,8 @@ def probe(run_dir: Path, rows: int = 2000, seed: int = 0) -> dict[str, float]:
 
     def measure(logits, labels, name):
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-        return {f"{name}_ce": float(jnp.mean(ce)), f"{name}_accuracy": float(jnp.mean(jnp.argmax(logits, -1) == labels)),
+        return {f"{name}_ce": float(jnp.mean(ce)),
+                f"{name}_accuracy": float(jnp.mean(jnp.argmax(logits, -1) == labels)),
                 f"{name}_logit_norm": float(jnp.mean(jnp.linalg.norm(logits, axis=-1)))}
 
     counts, means, spreads = batch_class_moments(flat, y, jnp.ones(len(y)), num_classes)
@@ -69,7 +72,8 @@ def probe(run_dir: Path, rows: int = 2000, seed: int = 0) -> dict[str, float]:
     return {**out, "weight": float(fedimpro.weight * ramp),
             **measure(upper(variables, h_hat.reshape(len(y), *shape)), y_hat, "sampled"),
             "shared_spread": float(jnp.mean(stats.spread[held])),
-            "mean_gap_over_real_spread": float(jnp.mean(jnp.abs(stats.mean - means)[held]) / jnp.mean(spreads[held])),
+            "mean_gap_over_real_spread": float(jnp.mean(jnp.abs(stats.mean - means)[held])
+                                               / jnp.mean(spreads[held])),
             "sampled_feature_norm": float(jnp.mean(jnp.linalg.norm(h_hat, axis=-1)))}
 
 

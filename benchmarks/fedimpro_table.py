@@ -1,29 +1,31 @@
-"""FedImpro's Table 1 and 2 (FedAvg, FedProx, SCAFFOLD, FedNova, FedImpro), its Table 3 split-depth trend and the
-measured upper-part gradient dissimilarity, at CPU scale.
+"""FedImpro's Table 1 and 2 (FedAvg, FedProx, SCAFFOLD, FedNova, FedImpro), its Table 3 split-depth trend
+and the measured upper-part gradient dissimilarity, at CPU scale.
 
-The federation is the paper's (``configs/fedimpro/cpu_<dataset>.yaml``: 10 clients, 5 a round, one local epoch of
-128, SGD 0.1 without momentum, weight decay 1e-4) with the simple-CNN cut after ``conv2`` in place of ResNet-18,
-and 100 rounds with the shared features' weight ramping to 1 over 50. The four settings of Table 1 are
-``SETTINGS``. The gradient dissimilarity of all 10 clients is measured at every evaluation (``eval.dissimilarity``).
+The federation is the paper's (``configs/fedimpro/cpu_<dataset>.yaml``: 10 clients, 5 a round, one local epoch
+of 128, SGD 0.1 without momentum, weight decay 1e-4) with the simple-CNN cut after ``conv2`` in place of
+ResNet-18, and 100 rounds with the shared features' weight ramping to 1 over 50. The four settings of Table 1
+are ``SETTINGS``. The gradient dissimilarity of all 10 clients is measured at every evaluation
+(``eval.dissimilarity``).
 
-A cell of Table 1 is the best test accuracy over the evaluations (every 5 rounds), mean ± std (the sample standard
-deviation, ddof 1) over the seeds; Table 2's is the first evaluated round reaching the target, FedAvg's best accuracy rounded down to the point (the paper
-rounds its targets down too). Runs go to ``runs/fedimpro/<dataset>/<setting>/<method>/seed<k>``; finished runs are
-reused, and several copies share the work (a claim file per run). Writes ``docs/reproductions/fedimpro_tables.md``
-and its figure, and ``docs/reproductions/fedimpro_claims.md``: each claim of the paper the tables test (FedImpro
-beats each base in each setting; the default split beats the others), judged by the paired difference over seeds
-and its 95 % interval (held, not held or unresolved).
+A cell of Table 1 is the best test accuracy over the evaluations (every 5 rounds), mean ± std (the sample
+standard deviation, ddof 1) over the seeds; Table 2's is the first evaluated round reaching the target,
+FedAvg's best accuracy rounded down to the point (the paper rounds its targets down too). Runs go to
+``runs/fedimpro/<dataset>/<setting>/<method>/seed<k>``; finished runs are reused, and several copies share the
+work (a claim file per run). Writes ``docs/reproductions/fedimpro_tables.md`` and its figure, and
+``docs/reproductions/fedimpro_claims.md``: each claim of the paper the tables test (FedImpro beats each base
+in each setting; the default split beats the others), judged by the paired difference over seeds and its 95 %
+interval (held, not held or unresolved).
 
 Usage::
 
-    python benchmarks/fedimpro_table.py                                      # Fashion-MNIST, a = 0.1, E = 1, M = 10
+    python benchmarks/fedimpro_table.py                                # Fashion-MNIST, a = 0.1, E = 1, M = 10
     python benchmarks/fedimpro_table.py --settings all --datasets fashion_mnist cifar10
-    python benchmarks/fedimpro_table.py --part splits                        # Table 3's trend, seed 0
-    python benchmarks/fedimpro_table.py --part counterfactual                # Theorem 4.2 at the same parameters
-    python benchmarks/fedimpro_table.py --part variants --seeds 0            # which of its code's choices matter
+    python benchmarks/fedimpro_table.py --part splits                  # Table 3's trend, seed 0
+    python benchmarks/fedimpro_table.py --part counterfactual          # Theorem 4.2 at the same parameters
+    python benchmarks/fedimpro_table.py --part variants --seeds 0      # which of its code's choices matter
     python benchmarks/fedimpro_table.py --part resnet8 --datasets cifar10 --seeds 0   # a normalised split
     python benchmarks/fedimpro_table.py --report
-    python benchmarks/fedimpro_table.py --claims                             # only the claims page
+    python benchmarks/fedimpro_table.py --claims                       # only the claims page
 """
 
 from __future__ import annotations
@@ -53,16 +55,20 @@ from table_runs import (
 from fedjax_lab.experiments import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-KEEP = Keep()  # what the records keep: the report reads the evaluated rows only (the dissimilarities are in them)
+# what the records keep: the report reads the evaluated rows only (the dissimilarities are in them)
+KEEP = Keep()
 SETTINGS = {  # name -> (label, overrides)
     "a0.1_E1_M10": ("a=0.1, E=1, M=10", []),
     "a0.05_E1_M10": ("a=0.05, E=1, M=10", ["dataset.partition.alpha=0.05"]),
-    "a0.1_E5_M10": ("a=0.1, E=5, M=10", ["client.local_epochs=5", "rounds.num_rounds=40", "algorithm.ramp_rounds=20"]),
-    "a0.1_E1_M100": ("a=0.1, E=1, M=100", ["dataset.partition.num_clients=100", "rounds.clients_per_round=10"]),
+    "a0.1_E5_M10": ("a=0.1, E=5, M=10", ["client.local_epochs=5", "rounds.num_rounds=40",
+                                         "algorithm.ramp_rounds=20"]),
+    "a0.1_E1_M100": ("a=0.1, E=1, M=100", ["dataset.partition.num_clients=100",
+                                           "rounds.clients_per_round=10"]),
 }
 MEASURE = ["eval.dissimilarity=10", "eval.split=conv2", "eval.dissimilarity_examples=256"]
 COUNTERFACTUAL = "eval.dissimilarity_counterfactual={algorithm.weight: 0.0}"
-CAPS = {"counterfactual": [], "counterfactual_uncapped": ["algorithm.spread_cap=null"]}  # run folder -> overrides
+# run folder -> overrides
+CAPS = {"counterfactual": [], "counterfactual_uncapped": ["algorithm.spread_cap=null"]}
 METHODS = {  # method -> (label, algorithm, extra overrides); learning rates of the paper's Table 5
     "fedavg": ("FedAvg", "{name: fedavg}", []),
     "fedprox": ("FedProx", "{name: fedprox, mu: 0.1}", []),
@@ -72,7 +78,8 @@ METHODS = {  # method -> (label, algorithm, extra overrides); learning rates of 
 }
 SCAFFOLD_RATE = {("fashion_mnist", "a0.05_E1_M10"): 0.001, ("fashion_mnist", "a0.1_E1_M100"): 0.01,
                  ("cifar10", "a0.05_E1_M10"): 0.01, ("cifar10", "a0.1_E1_M100"): 0.01}
-PAPER = {  # Table 1 (best accuracy) and Table 2 (rounds to target): dataset -> setting -> method -> (acc, rounds)
+PAPER = {
+    # Table 1 (best accuracy) and Table 2 (rounds to target): dataset -> setting -> method -> (acc, rounds)
     "cifar10": {
         "a0.1_E1_M10": {"fedavg": (83.65, 142), "fedprox": (83.22, 128), "scaffold": (82.33, 863),
                         "fednova": (84.97, 142), "fedimpro": (88.45, 128)},
@@ -93,18 +100,21 @@ PAPER = {  # Table 1 (best accuracy) and Table 2 (rounds to target): dataset -> 
                          "fednova": (90.40, 317), "fedimpro": (90.98, 441)}},
 }
 VARIANTS = {  # run folder -> (label, overrides): which of its code's choices carries FedImpro's effect
-    "paper": (("the paper's Alg. 1: a sampled feature a real row, with its label, from the broadcast statistics, "
-               "weight 1 throughout, spreads uncapped"),
+    "paper": (("the paper's Alg. 1: a sampled feature a real row, with its label, from the broadcast "
+               "statistics, weight 1 throughout, spreads uncapped"),
               ["algorithm.labels=batch", "algorithm.source=global", "algorithm.weight_schedule=constant",
                "algorithm.spread_cap=null"]),
     "uncapped": ("its code, spreads uncapped", ["algorithm.spread_cap=null"]),
     "global": ("its code, sampling from the broadcast statistics", ["algorithm.source=global"]),
-    "half_weight": ("its code, the weight ramping to 0.5 at mid-run (1 at the end)", ["algorithm.weight=0.5"]),
+    "half_weight": ("its code, the weight ramping to 0.5 at mid-run (1 at the end)",
+                    ["algorithm.weight=0.5"]),
     "code_ema": (("its released code's moving-average weight min(1, D / 5000), D the feature size: the last "
                   "batch replaces each class's estimate"), ["algorithm.moving_average=feature_size"]),
 }
-NORMALISED = ["model.name=resnet8", "algorithm.split=layer2", "eval.split=layer2"]  # BatchNorm before the split
-SPLITS = {"conv1": "after conv1", "conv2": "after conv2 (default)", "fc1": "after fc1", "fc2": "after fc2 (features)"}
+# BatchNorm before the split
+NORMALISED = ["model.name=resnet8", "algorithm.split=layer2", "eval.split=layer2"]
+SPLITS = {"conv1": "after conv1", "conv2": "after conv2 (default)", "fc1": "after fc1",
+          "fc2": "after fc2 (features)"}
 PAPER_SPLITS = "5th 87.64, 9th 88.45 (default), 13th 87.86, 17th 84.08 (ResNet-18, CIFAR-10)"
 PAPER_SPLIT_ACCURACY = {"conv1": 87.64, "conv2": 88.45, "fc1": 87.86, "fc2": 84.08}  # the same, by our split
 LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10"}
@@ -117,7 +127,8 @@ def cell(values: list[float]) -> str:
 
 def best_by_seed(runs: Path, name: str, seeds) -> dict[int, float]:
     """The best test accuracy (%) over the evaluations of each seed's finished run of ``name``."""
-    return {s: 100 * max(r["test_accuracy"] for r in g) for s in seeds if (g := evaluations(runs / f"{name}/seed{s}"))}
+    return {s: 100 * max(r["test_accuracy"] for r in g) for s in seeds
+            if (g := evaluations(runs / f"{name}/seed{s}"))}
 
 
 def jobs(datasets, settings, seeds, methods):
@@ -136,12 +147,13 @@ def jobs(datasets, settings, seeds, methods):
 
 
 def counterfactual_jobs(dataset: str, seeds):
-    """FedImpro's run measuring, at each evaluation, its clients' gradients with and without the sampled features
-    at the same global model (``eval.dissimilarity_counterfactual``), with the shared spreads capped at 0.1 (its
-    code) and uncapped."""
+    """FedImpro's run measuring, at each evaluation, its clients' gradients with and without the sampled
+    features at the same global model (``eval.dissimilarity_counterfactual``), with the shared spreads capped
+    at 0.1 (its code) and uncapped."""
     for seed in seeds:
         for variant, overrides in CAPS.items():
-            yield f"{dataset}/{variant}/seed{seed}", dataset, [*MEASURE, f"seed={seed}", COUNTERFACTUAL, *overrides]
+            yield (f"{dataset}/{variant}/seed{seed}", dataset,
+                   [*MEASURE, f"seed={seed}", COUNTERFACTUAL, *overrides])
 
 
 def variant_jobs(dataset: str, seeds, variants=tuple(VARIANTS)):
@@ -168,7 +180,8 @@ def split_jobs(dataset: str):
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides), KEEP)
+    done = run_once(runs, name, load_config(REPO / "configs" / "fedimpro" / f"cpu_{dataset}.yaml", overrides),
+                    KEEP)
     if done:
         print(f"{name:<52} best acc {done[0]['best_test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -181,12 +194,13 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     lines = ["# FedImpro at CPU scale (generated by `benchmarks/fedimpro_table.py`)", "",
-             "Simple-CNN cut after `conv2` (the paper: ResNet-18 after layer2), 10 clients (100 in the last setting), "
-             "5 a round (10), one local epoch of 128 (five in the E=5 setting), SGD 0.1 without momentum, wd 1e-4 "
-             "(SCAFFOLD at its Table 5 rate), 100 rounds (the paper: 1000; 40 and 400 at E=5), the shared features' "
-             "weight ramping to 1 over half the rounds. Best test accuracy over the evaluations (every 5 rounds), "
-             "mean ± std over seeds " + ", ".join(map(str, seeds)) + " (ours: the sample standard deviation, ddof 1)"
-             "; '-' is not run. Each claim judged over the seeds: [fedimpro_claims.md](fedimpro_claims.md).", ""]
+             "Simple-CNN cut after `conv2` (the paper: ResNet-18 after layer2), 10 clients (100 in the last "
+             "setting), 5 a round (10), one local epoch of 128 (five in the E=5 setting), SGD 0.1 without "
+             "momentum, wd 1e-4 (SCAFFOLD at its Table 5 rate), 100 rounds (the paper: 1000; 40 and 400 at "
+             "E=5), the shared features' weight ramping to 1 over half the rounds. Best test accuracy over "
+             "the evaluations (every 5 rounds), mean ± std over seeds " + ", ".join(map(str, seeds))
+             + " (ours: the sample standard deviation, ddof 1); '-' is not run. Each claim judged over the "
+             "seeds: [fedimpro_claims.md](fedimpro_claims.md).", ""]
     for dataset in datasets:
         lines += [f"## Table 1, {dataset}: best test accuracy (%), paper | ours", "",
                   "| setting | " + " | ".join(f"{METHODS[m][0]} paper | ours" for m in METHODS) + " |",
@@ -201,8 +215,10 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
                 if method == "fedavg" and best:
                     targets[setting] = math.floor(np.mean(best))
             lines.append(f"| {label} | " + " | ".join(row) + " |")
-        lines += ["", f"## Table 2, {dataset}: rounds to the target (FedAvg's best, rounded down), paper | ours", "",
-                  "| setting | target ours | " + " | ".join(f"{METHODS[m][0]} paper | ours" for m in METHODS) + " |",
+        lines += ["", (f"## Table 2, {dataset}: rounds to the target (FedAvg's best, rounded down), "
+                       "paper | ours"), "",
+                  "| setting | target ours | " + " | ".join(f"{METHODS[m][0]} paper | ours" for m in METHODS)
+                  + " |",
                   "|---|---|" + "---|---|" * len(METHODS)]
         for setting, (label, _) in SETTINGS.items():
             if setting not in targets:
@@ -222,7 +238,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
         lines.append("")
         split_rows = {s: evaluations(runs / f"{dataset}/splits/{s}/seed0") for s in SPLITS}
         if any(split_rows.values()):
-            lines += [f"## Table 3's trend, {dataset}, a=0.1, E=1, M=10, seed 0", "", f"Paper: {PAPER_SPLITS}.", "",
+            lines += [f"## Table 3's trend, {dataset}, a=0.1, E=1, M=10, seed 0", "",
+                      f"Paper: {PAPER_SPLITS}.", "",
                       "| split | " + " | ".join(SPLITS.values()) + " |", "|---|" + "---|" * len(SPLITS),
                       "| best accuracy (%) | " + " | ".join(
                           f"{100 * max(r['test_accuracy'] for r in g):.1f}" if g else "-"
@@ -255,8 +272,8 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
 
 
 def variants_report(runs: Path, dataset: str, seeds) -> list[str]:
-    """FedImpro with one of its code's choices changed (``VARIANTS``) beside FedAvg and its default, a=0.1, E=1,
-    M=10: best test accuracy per seed."""
+    """FedImpro with one of its code's choices changed (``VARIANTS``) beside FedAvg and its default, a=0.1,
+    E=1, M=10: best test accuracy per seed."""
     rows = {"FedAvg": f"{dataset}/a0.1_E1_M10/fedavg", "FedImpro (its code; the default)":
             f"{dataset}/a0.1_E1_M10/fedimpro", **{label: f"{dataset}/variants/{v}" for v, (label, _) in
                                                    VARIANTS.items()},
@@ -275,8 +292,8 @@ def variants_report(runs: Path, dataset: str, seeds) -> list[str]:
 
 
 def counterfactual_report(runs: Path, dataset: str, seeds, out: Path, plt) -> list[str]:
-    """Theorem 4.2 at the same parameters: the upper part's dissimilarity of FedImpro's clients with the sampled
-    features (the run's objective) against without them, at each evaluation once the weight is on."""
+    """Theorem 4.2 at the same parameters: the upper part's dissimilarity of FedImpro's clients with the
+    sampled features (the run's objective) against without them, at each evaluation once the weight is on."""
     measured = {}
     for variant in CAPS:
         for s in seeds:
@@ -288,12 +305,13 @@ def counterfactual_report(runs: Path, dataset: str, seeds, out: Path, plt) -> li
         return []
     lines = [(f"## Upper-part gradient dissimilarity with and without the shared features, {dataset}, "
               "a=0.1, E=1, M=10"), "",
-             ("Along FedImpro's run, at each evaluation after round 0, its 10 clients' one-step gradients on 256 "
-              "rows at the same global model, with the sampled features (the run's weight) and without (weight 0). "
-              "A ratio below 1 is the shrinkage Theorem 4.2 claims. The shared spreads are capped at 0.1 (its "
-              "code) or not capped."), "",
-             ("| spread cap | seed | best accuracy (%) | relative: mean ratio with / without | evaluations with a "
-              "lower relative value | absolute: mean ratio with / without |"), "|---|---|---|---|---|---|"]
+             ("Along FedImpro's run, at each evaluation after round 0, its 10 clients' one-step gradients on "
+              "256 rows at the same global model, with the sampled features (the run's weight) and without "
+              "(weight 0). A ratio below 1 is the shrinkage Theorem 4.2 claims. The shared spreads are "
+              "capped at 0.1 (its code) or not capped."), "",
+             ("| spread cap | seed | best accuracy (%) | relative: mean ratio with / without | evaluations "
+              "with a lower relative value | absolute: mean ratio with / without |"),
+             "|---|---|---|---|---|---|"]
     for (variant, s), g in measured.items():
         on = [r for r in g if r["round"] > 0]
         rel = np.array([r["gradient_dissimilarity_upper_relative"]
@@ -333,7 +351,8 @@ def plot_decisive_curves(runs, datasets, seeds, out: Path) -> bool:
     """Table 1's main setting as curves: FedImpro and each base, one panel per dataset, with bands over seeds.
     Returns whether anything was drawn."""
     return plot_bands([(f"{LABELS[d]}, {SETTINGS[MAIN][0]}",
-                        [(METHODS[m][0].strip("*"), seed_curves(runs / d / MAIN / m, seeds)) for m in METHODS])
+                        [(METHODS[m][0].strip("*"), seed_curves(runs / d / MAIN / m, seeds))
+                         for m in METHODS])
                        for d in datasets], out)
 
 
@@ -346,7 +365,8 @@ def decisive(records=None) -> Decisive:
     fedimpro = best_by_seed(records, f"cifar10/{setting}/fedimpro", seeds)
     found = [Claim(f"FedImpro beats {METHODS[base][0]}, {SETTINGS[setting][0]}",
                    paper["fedimpro"][0] - paper[base][0], fedimpro,
-                   best_by_seed(records, f"cifar10/{setting}/{base}", seeds)) for base in METHODS if base != "fedimpro"]
+                   best_by_seed(records, f"cifar10/{setting}/{base}", seeds))
+             for base in METHODS if base != "fedimpro"]
     return Decisive("FedImpro (Decoupled Gradient Dissimilarity), Table 1, CIFAR-10", "fedimpro_claims.md",
                     "10 clients, 5 a round, ResNet-18, 1000 rounds of one local epoch",
                     "the paper's federation, 100 rounds of one local epoch (10 % of its client steps) on a "
@@ -357,12 +377,14 @@ def claims(runs: Path, datasets, seeds, out: Path) -> None:
     """Table 1's claims (FedImpro beats each base in each setting) and Table 3's (the default split beats the
     others), each judged by the paired difference over seeds (``table_runs.judge``), from the runs that have
     finished."""
-    lines = ["# FedImpro's claims, judged over seeds (generated by `benchmarks/fedimpro_table.py`)", "", CLAIMS_RULE,
-             "", ("Ours: the best test accuracy over the evaluations (%), the number Table 1 of "
-                  "[fedimpro_tables.md](fedimpro_tables.md) shows, from the runs' records "
-                  "(`benchmarks/results/records/fedimpro.jsonl.gz`). Not judged here: Table 2 (rounds to a target "
-                  "that some runs never reach), the variants of its code's choices (not claims of the paper) and "
-                  "Theorem 4.2's counterfactual (a claim of direction, with no gain to compare)."), ""]
+    lines = ["# FedImpro's claims, judged over seeds (generated by `benchmarks/fedimpro_table.py`)", "",
+             CLAIMS_RULE, "",
+             ("Ours: the best test accuracy over the evaluations (%), the number Table 1 of "
+              "[fedimpro_tables.md](fedimpro_tables.md) shows, from the runs' records "
+              "(`benchmarks/results/records/fedimpro.jsonl.gz`). Not judged here: Table 2 (rounds to a "
+              "target that some runs never reach), the variants of its code's choices (not claims of the "
+              "paper) and Theorem 4.2's counterfactual (a claim of direction, with no gain to compare)."),
+             ""]
     for dataset in datasets:
         found = []
         for setting, (label, _) in SETTINGS.items():
@@ -378,15 +400,17 @@ def claims(runs: Path, datasets, seeds, out: Path) -> None:
         if default:
             found = [Claim(f"the split {SPLITS['conv2']} beats the split {SPLITS[split]}",
                            PAPER_SPLIT_ACCURACY["conv2"] - PAPER_SPLIT_ACCURACY[split], default,
-                           best_by_seed(runs, f"{dataset}/splits/{split}", seeds), paper_note="(ResNet-18, CIFAR-10)")
+                           best_by_seed(runs, f"{dataset}/splits/{split}", seeds),
+                           paper_note="(ResNet-18, CIFAR-10)")
                      for split in SPLITS if split != "conv2"]
-            lines += [f"## Table 3, {LABELS[dataset]}: the default split beats the others (a=0.1, E=1, M=10)", "",
-                      *claims_table(found), ""]
+            lines += [f"## Table 3, {LABELS[dataset]}: the default split beats the others (a=0.1, E=1, M=10)",
+                      "", *claims_table(found), ""]
     figure = out.with_name("fedimpro_curves.png")
     if plot_decisive_curves(runs, datasets, seeds, figure):
         lines += ["## The decisive curves", "", "![FedImpro against each base](fedimpro_curves.png)", "",
-                  (f"{SETTINGS[MAIN][0]}: test accuracy against rounds, mean over seeds {', '.join(map(str, seeds))} "
-                   "with a band of one sample standard deviation (ddof 1)."), ""]
+                  (f"{SETTINGS[MAIN][0]}: test accuracy against rounds, mean over seeds "
+                   f"{', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."),
+                  ""]
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 
@@ -399,10 +423,12 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="--part variants: which of its code's choices to run")
-    parser.add_argument("--part", nargs="+", default=["table"], choices=["table", "splits", "variants", "resnet8", "counterfactual"])
+    parser.add_argument("--part", nargs="+", default=["table"],
+                        choices=["table", "splits", "variants", "resnet8", "counterfactual"])
     parser.add_argument("--runs", default=str(REPO / "runs" / "fedimpro"))
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "fedimpro_tables.md"))
-    parser.add_argument("--reverse", action="store_true", help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="take the jobs in reverse order (a second copy)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", default=str(REPO / "docs" / "reproductions" / "fedimpro_claims.md"))

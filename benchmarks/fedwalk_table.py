@@ -1,19 +1,19 @@
-"""FedWalk's experiments at CPU scale: Table 2 (FedAvg, SCAFFOLD, FedProx, FedNova, each alone and "+ FedWalk",
-CIFAR-10 Dirichlet(0.1) and "IID" Dirichlet(10), several seeds), the tau sweep of Fig. 3 for the LH, MH and HH
-leashes, and the pre-training ablation of Fig. 4. Writes ``docs/reproductions/fedwalk_results.md`` and
-``docs/reproductions/fedwalk_tau.png`` after every run, so that an interrupted job leaves usable tables.
+"""FedWalk's experiments at CPU scale: Table 2 (FedAvg, SCAFFOLD, FedProx, FedNova, each alone and "+
+FedWalk", CIFAR-10 Dirichlet(0.1) and "IID" Dirichlet(10), several seeds), the tau sweep of Fig. 3 for the LH,
+MH and HH leashes, and the pre-training ablation of Fig. 4. Writes ``docs/reproductions/fedwalk_results.md``
+and ``docs/reproductions/fedwalk_tau.png`` after every run, so that an interrupted job leaves usable tables.
 
 Also FedAvg and FedWalk from a model pre-trained on the leash (the paper starts from ImageNet weights).
-The scale is that of ``configs/fedwalk/cifar10_dir0.1.yaml`` (simple-CNN, 100 clients, 20 per round, 5 steps of
-batch 32, lr 0.05, 50 rounds). Finished runs are reused; run it again to continue.
+The scale is that of ``configs/fedwalk/cifar10_dir0.1.yaml`` (simple-CNN, 100 clients, 20 per round, 5 steps
+of batch 32, lr 0.05, 50 rounds). Finished runs are reused; run it again to continue.
 
 Usage::
 
-    python benchmarks/fedwalk_table.py                       # everything: 83 runs of 1-4 min, about 2 h on 2 cores
+    python benchmarks/fedwalk_table.py                  # everything: 83 runs of 1-4 min, about 2 h on 2 cores
     python benchmarks/fedwalk_table.py --parts table --seeds 0
-    python benchmarks/fedwalk_table.py --reverse &           # a second process shares the jobs (more throughput)
-    python benchmarks/fedwalk_table.py --parts table100      # the CIFAR-100 columns
-    python benchmarks/fedwalk_table.py --parts table300      # Table 2 at 300 rounds with the paper's lr schedule
+    python benchmarks/fedwalk_table.py --reverse &      # a second process shares the jobs (more throughput)
+    python benchmarks/fedwalk_table.py --parts table100 # the CIFAR-100 columns
+    python benchmarks/fedwalk_table.py --parts table300 # Table 2 at 300 rounds with the paper's lr schedule
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "fedwalk"
 KEEP = Keep(rounds=("leash_steps_taken",))  # beside the evaluated rows: the leash steps of the last round
 # SCAFFOLD diverged at lr 0.05 in this setting (20% participation, Dir(0.1): its test loss exploded near round
-# 20 with and without the leash); it runs at 0.01, the top of the paper's grid (the leash follows, gamma = eta).
+# 20 with and without the leash); it runs at 0.01, the top of the paper's grid (the leash follows, gamma =
+# eta).
 BASES = {"fedavg": ["algorithm.weighting=uniform"],
          "scaffold": ["algorithm.weighting=num_examples", "client.learning_rate=0.01"],
          "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
@@ -48,17 +49,19 @@ GRADES = {"LH": "cifar10_dir0.1.yaml", "MH": "cifar10_dir0.1_mh.yaml", "HH": "ci
 # and every tau >= -1 keeps the gate open in every round; the grid covers where the gate acts, plus tau = 1.
 TAUS = (-3.0, -2.5, -2.0, -1.5, -1.0, 1.0)
 STRONGER = (5, 20)  # leash steps per open round for the LH leash at tau = 1 (the paper: 1)
-# With T_s = 1 the leash barely moves the model at this scale (the LH sweep above is flat), so the sweep over the
-# three grades runs with 20 leash steps per open round, where the leash's effect is measurable; pre-training
-# gets the same budget (50 rounds x 20 steps).
+# With T_s = 1 the leash barely moves the model at this scale (the LH sweep above is flat), so the sweep over
+# the three grades runs with 20 leash steps per open round, where the leash's effect is measurable;
+# pre-training gets the same budget (50 rounds x 20 steps).
 STRONG_STEPS = 20
 STRONG_TAUS = (-3.0, -2.5, -2.0, -1.0, 0.0, 1.0)
 PAPER = {  # Table 2, test accuracy (%), CIFAR-10: (Dir(0.1), IID)
-    "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48), "fednova": (86.32, 95.46),
+    "fedavg": (88.06, 95.58), "scaffold": (82.84, 94.99), "fedprox": (85.23, 95.48),
+    "fednova": (86.32, 95.46),
     "fedavg+fedwalk": (91.45, 95.88), "scaffold+fedwalk": (86.48, 96.58), "fedprox+fedwalk": (91.41, 95.82),
     "fednova+fedwalk": (91.89, 95.82)}
 PAPER100 = {  # Table 2, test accuracy (%), CIFAR-100: (Dir(0.01), IID)
-    "fedavg": (58.53, 80.03), "scaffold": (52.66, 78.59), "fedprox": (58.72, 80.13), "fednova": (60.12, 80.11),
+    "fedavg": (58.53, 80.03), "scaffold": (52.66, 78.59), "fedprox": (58.72, 80.13),
+    "fednova": (60.12, 80.11),
     "fedavg+fedwalk": (61.35, 80.38), "scaffold+fedwalk": (57.04, 82.46), "fedprox+fedwalk": (61.65, 80.84),
     "fednova+fedwalk": (63.27, 80.84)}
 
@@ -74,8 +77,9 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
         return
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = read_metrics(run_dir)
-    print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best {summary['best_test_accuracy']:.4f} "
-          f"leash steps {rows[-1].get('leash_steps_taken', 0):.0f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    print(f"{name:<40} final {summary['final']['test_accuracy']:.4f} best "
+          f"{summary['best_test_accuracy']:.4f} leash steps {rows[-1].get('leash_steps_taken', 0):.0f} "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
 
 
 def table_jobs(seeds, settings=SETTINGS, prefix="table", bases=tuple(BASES), extra_overrides=lambda base: ()):
@@ -93,8 +97,8 @@ PAPER_ROUNDS, DROP_ROUND, DROPPED_RATE = 300, 100, 1e-5
 
 
 def paper_schedule(base: str) -> list[str]:
-    """The paper's 300 rounds with its learning-rate schedule: the clients' rate (and the leash's, gamma = eta)
-    drops to 1e-5 at round 100; evaluated every 10 rounds."""
+    """The paper's 300 rounds with its learning-rate schedule: the clients' rate (and the leash's, gamma =
+    eta) drops to 1e-5 at round 100; evaluated every 10 rounds."""
     rate = 0.01 if base == "scaffold" else 0.05
     return [f"rounds.num_rounds={PAPER_ROUNDS}", "eval.every=10",
             f"client.schedule={{name: step, boundaries: [{DROP_ROUND}], factor: {DROPPED_RATE / rate:g}}}"]
@@ -106,7 +110,8 @@ def table300_jobs(seeds, bases):
 
 def strong_sweep_key(grade: str, tau: float) -> str:
     # LH at tau = 1 is the same run as the T_s = 20 point of the leash-strength series.
-    return f"steps/LH/steps{STRONG_STEPS}" if (grade, tau) == ("LH", 1.0) else f"sweep{STRONG_STEPS}/{grade}/tau{tau:g}"
+    return (f"steps/LH/steps{STRONG_STEPS}" if (grade, tau) == ("LH", 1.0)
+            else f"sweep{STRONG_STEPS}/{grade}/tau{tau:g}")
 
 
 def sweep_jobs(grades):
@@ -114,23 +119,28 @@ def sweep_jobs(grades):
         yield f"sweep/LH/tau{tau:g}", GRADES["LH"], [f"algorithm.plugins.fedwalk.tau={tau}"]
     yield "pretrain/LH", GRADES["LH"], ["algorithm.plugins.fedwalk.mode=pretrain"]
     for steps in STRONGER:
-        yield f"steps/LH/steps{steps}", GRADES["LH"], ["algorithm.plugins.fedwalk.tau=1", f"algorithm.plugins.fedwalk.steps={steps}"]
+        yield f"steps/LH/steps{steps}", GRADES["LH"], ["algorithm.plugins.fedwalk.tau=1",
+                                                       f"algorithm.plugins.fedwalk.steps={steps}"]
     for grade in grades:
         for tau in STRONG_TAUS:
             yield (strong_sweep_key(grade, tau), GRADES[grade],
-                   [f"algorithm.plugins.fedwalk.tau={tau}", f"algorithm.plugins.fedwalk.steps={STRONG_STEPS}"])
+                   [f"algorithm.plugins.fedwalk.tau={tau}",
+                    f"algorithm.plugins.fedwalk.steps={STRONG_STEPS}"])
         yield (f"pretrain{STRONG_STEPS}/{grade}", GRADES[grade],
-               ["algorithm.plugins.fedwalk.mode=pretrain", f"algorithm.plugins.fedwalk.pretrain_steps={50 * STRONG_STEPS}"])
+               ["algorithm.plugins.fedwalk.mode=pretrain",
+                f"algorithm.plugins.fedwalk.pretrain_steps={50 * STRONG_STEPS}"])
 
 
 PRETRAINED_STEPS = 2000  # about 13 epochs of the 10,000-image LH leash set
 
 
 def pretrained_jobs(seeds):
-    """FedAvg and FedWalk (LH) from a model pre-trained on the leash, standing in for the paper's ImageNet start."""
+    """FedAvg and FedWalk (LH) from a model pre-trained on the leash, standing in for the paper's ImageNet
+    start."""
     for seed in seeds:
         yield (f"pretrained/fedavg/seed{seed}", GRADES["LH"],
-               [f"seed={seed}", "algorithm.plugins.fedwalk.mode=pretrain", f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
+               [f"seed={seed}", "algorithm.plugins.fedwalk.mode=pretrain",
+                f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
         yield (f"pretrained/fedavg+fedwalk/seed{seed}", GRADES["LH"],
                [f"seed={seed}", f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"])
 
@@ -151,8 +161,9 @@ def mean_std(values) -> str:
 
 def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str],
                 prefix: str = "table") -> list[str]:
-    lines = [(f"| method | seeds | {columns[0]} final | {columns[0]} best | paper {columns[0]} | {columns[1]} final | "
-             f"{columns[1]} best | paper {columns[1]} |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [(f"| method | seeds | {columns[0]} final | {columns[0]} best | paper {columns[0]} | "
+             f"{columns[1]} final | {columns[1]} best | paper {columns[1]} |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for base in BASES:
         if not any(k.startswith(f"{prefix}/") and f"/{base}" in k for k in results):
             continue
@@ -162,22 +173,24 @@ def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tupl
                 done = [results[k] for s in seeds if (k := f"{prefix}/{setting}/{method}/seed{s}") in results]
                 counts.append(str(len(done)))
                 cells += [mean_std([r["summary"]["final"]["test_accuracy"] for r in done]),
-                          mean_std([r["summary"]["best_test_accuracy"] for r in done]), f"{paper[method][i]:.2f}"]
+                          mean_std([r["summary"]["best_test_accuracy"] for r in done]),
+                          f"{paper[method][i]:.2f}"]
             lines.append(f"| {method} | {' / '.join(counts)} | " + " | ".join(cells) + " |")
     return lines
 
 
 def write_report(results: dict, args) -> None:
     out = Path(args.out)
-    lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and best "
-              "round (the paper reports the best), mean ± sample std (ddof 1) over the seeds that have finished; the paper's "
-              "Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
+    lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and "
+              "best round (the paper reports the best), mean ± sample std (ddof 1) over the seeds that have "
+              "finished; the paper's Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
               "`python benchmarks/fedwalk_table.py`."), "",
              *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
     if any(k.startswith("table300/") for k in results):
-        lines += ["", (f"The same rows at the paper's length, {PAPER_ROUNDS} rounds, with its learning-rate schedule "
-                       f"(the clients' and the leash's rate drop to {DROPPED_RATE:g} at round {DROP_ROUND}), "
-                       "evaluated every 10 rounds: `python benchmarks/fedwalk_table.py --parts table300`."), "",
+        lines += ["", (f"The same rows at the paper's length, {PAPER_ROUNDS} rounds, with its learning-rate "
+                       f"schedule (the clients' and the leash's rate drop to {DROPPED_RATE:g} at round "
+                       f"{DROP_ROUND}), evaluated every 10 rounds: `python benchmarks/fedwalk_table.py "
+                       "--parts table300`."), "",
                   *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table300")]
     if any(k.startswith("table/c100") for k in results):
         lines += ["", ("CIFAR-100 (the leash is CIFAR-10's training set), same scale: "
@@ -191,47 +204,52 @@ def write_report(results: dict, args) -> None:
     missing = [(part, text) for part, text, found in (
         ("table300", f"Table 2 at {PAPER_ROUNDS} rounds", any(k.startswith("table300/") for k in results)),
         ("table100", "the CIFAR-100 columns", any(k.startswith("table/c100") for k in results)),
-        ("sweep", "the tau sweeps and the leash strength", any(k.startswith(("sweep", "steps/")) for k in results)),
-        ("pretrained", "the runs from a pre-trained model", any(k.startswith("pretrained/") for k in results)))
+        ("sweep", "the tau sweeps and the leash strength",
+         any(k.startswith(("sweep", "steps/")) for k in results)),
+        ("pretrained", "the runs from a pre-trained model",
+         any(k.startswith("pretrained/") for k in results)))
         if not found]
     if missing:
-        lines += ["", ("Not in the committed records yet (run before records were kept; their numbers are in this "
-                       "page's history up to commit 494a880): " + "; ".join(
-                           f"{text} (`python benchmarks/fedwalk_table.py --parts {part}`)" for part, text in missing)
+        lines += ["", ("Not in the committed records yet (run before records were kept; their numbers are in "
+                       "this page's history up to commit 494a880): " + "; ".join(
+                           f"{text} (`python benchmarks/fedwalk_table.py --parts {part}`)"
+                           for part, text in missing)
                        + ".")]
     if not any(k.startswith(("sweep", "steps/", "pretrain")) for k in results):
         write_markdown(out / "fedwalk_results.md", "\n".join(lines) + "\n")
         write_claims(results, args.seeds, out / "fedwalk_claims.md")
         return
-    lines += ["", ("The paper's leash (T_s = 1), LH, Dir(0.1), seed 0: final / best test accuracy (%) and (leash "
-                   "steps taken in 50 rounds); pre-training takes 50 leash steps before FL."), "",
+    lines += ["", ("The paper's leash (T_s = 1), LH, Dir(0.1), seed 0: final / best test accuracy (%) and "
+                   "(leash steps taken in 50 rounds); pre-training takes 50 leash steps before FL."), "",
               "| leash | " + " | ".join(f"tau={t:g}" for t in TAUS) + " | pre-training |",
               "|---|" + "---:|" * (len(TAUS) + 1),
               "| LH | " + " | ".join(cell(results.get(f"sweep/LH/tau{t:g}")) for t in TAUS)
               + f" | {cell(results.get('pretrain/LH'))} |"]
     stronger = [(n, results[k]) for n in STRONGER if (k := f"steps/LH/steps{n}") in results]
     if stronger:
-        lines += ["", ("A stronger leash (LH, tau = 1, so the gate is always open): leash steps per round against "
-                  "final / best test accuracy (%), seed 0."), "", "| leash steps per round | final | best |",
-                  "|---:|---:|---:|"]
+        lines += ["", ("A stronger leash (LH, tau = 1, so the gate is always open): leash steps per round "
+                  "against final / best test accuracy (%), seed 0."), "",
+                  "| leash steps per round | final | best |", "|---:|---:|---:|"]
         lh = results.get("sweep/LH/tau1")
         for n, r in ([(1, lh)] if lh else []) + stronger:
             lines.append(f"| {n} | {100 * r['summary']['final']['test_accuracy']:.1f} | "
                          f"{100 * r['summary']['best_test_accuracy']:.1f} |")
-    lines += ["", (f"Tau sweep with {STRONG_STEPS} leash steps per open round, the three grades, Dir(0.1), seed 0: "
-                   f"final / best (%) and (leash steps taken); pre-training takes {50 * STRONG_STEPS} leash steps "
-                   "before FL. FedAvg alone: see the table."), "",
+    lines += ["", (f"Tau sweep with {STRONG_STEPS} leash steps per open round, the three grades, Dir(0.1), "
+                   "seed 0: final / best (%) and (leash steps taken); pre-training takes "
+                   f"{50 * STRONG_STEPS} leash steps before FL. FedAvg alone: see the table."), "",
               "| leash | " + " | ".join(f"tau={t:g}" for t in STRONG_TAUS) + " | pre-training |",
               "|---|" + "---:|" * (len(STRONG_TAUS) + 1)]
     for grade in GRADES:
-        lines.append(f"| {grade} | " + " | ".join(cell(results.get(strong_sweep_key(grade, t))) for t in STRONG_TAUS)
+        lines.append(f"| {grade} | " + " | ".join(cell(results.get(strong_sweep_key(grade, t)))
+                                                  for t in STRONG_TAUS)
                      + f" | {cell(results.get(f'pretrain{STRONG_STEPS}/{grade}'))} |")
     pre = {m: [results[k]["summary"] for s in args.seeds if (k := f"pretrained/{m}/seed{s}") in results]
            for m in ("fedavg", "fedavg+fedwalk")}
     if any(pre.values()):
-        lines += ["", (f"From a model pre-trained on the LH leash ({PRETRAINED_STEPS} leash steps before round 0; the "
-                  "paper starts from ImageNet weights), Dir(0.1): final / best test accuracy (%), mean ± std over "
-                  "seeds."), "", "| method | seeds | final | best |", "|---|---:|---:|---:|"]
+        lines += ["", (f"From a model pre-trained on the LH leash ({PRETRAINED_STEPS} leash steps before "
+                  "round 0; the paper starts from ImageNet weights), Dir(0.1): final / best test accuracy "
+                  "(%), mean ± std over seeds."), "", "| method | seeds | final | best |",
+                  "|---|---:|---:|---:|"]
         for m, summaries in pre.items():
             lines.append(f"| pre-trained + {m} | {len(summaries)} | "
                          f"{mean_std([x['final']['test_accuracy'] for x in summaries])} | "
@@ -249,15 +267,15 @@ def best_by_seed(results: dict, name: str, seeds) -> dict[int, float]:
 
 TABLES = {  # our table: (its title, the runs' prefix, settings, the paper's numbers, column labels)
     "cifar10": ("Table 2, CIFAR-10, 50 rounds", "table", SETTINGS, PAPER, ("Dir(0.1)", "IID")),
-    "cifar10_300": (f"Table 2, CIFAR-10, the paper's {PAPER_ROUNDS} rounds and learning-rate schedule", "table300",
-                    SETTINGS, PAPER, ("Dir(0.1)", "IID")),
+    "cifar10_300": (f"Table 2, CIFAR-10, the paper's {PAPER_ROUNDS} rounds and learning-rate schedule",
+                    "table300", SETTINGS, PAPER, ("Dir(0.1)", "IID")),
     "cifar100": ("Table 2, CIFAR-100, 50 rounds", "table", SETTINGS100, PAPER100, ("Dir(0.01)", "IID")),
 }
 
 
 def table2_claims(results: dict, seeds, table: str) -> list[Claim]:
-    """Table 2's claims on one of our ``TABLES``: "X + FedWalk beats X" for each base and column, the paper's gain
-    the difference of its two numbers."""
+    """Table 2's claims on one of our ``TABLES``: "X + FedWalk beats X" for each base and column, the paper's
+    gain the difference of its two numbers."""
     _, prefix, settings, paper, columns = TABLES[table]
     return [Claim(f"{base} + FedWalk beats {base}, {column}", paper[f"{base}+fedwalk"][i] - paper[base][i],
                   best_by_seed(results, f"{prefix}/{setting}/{base}+fedwalk", seeds),
@@ -267,13 +285,14 @@ def table2_claims(results: dict, seeds, table: str) -> list[Claim]:
 
 def write_claims(results: dict, seeds, out: Path) -> Path:
     """Table 2's claims on each of our tables that has runs, judged by the paired difference over seeds."""
-    lines = ["# FedWalk's claims, judged over seeds (generated by `benchmarks/fedwalk_table.py`)", "", CLAIMS_RULE, "",
-             ("Ours: the best test accuracy over the evaluations (%; the paper reports the best round), the number "
-              "[fedwalk_results.md](fedwalk_results.md) shows, from the runs' records "
-              "(`benchmarks/results/records/fedwalk.jsonl.gz`). Our scale: a simple-CNN trained from scratch (the "
-              "paper: ResNet-18 pre-trained on ImageNet), 100 clients, 20 a round, 5 local steps of 32, as the paper; "
-              f"50 or {PAPER_ROUNDS} rounds (the paper: {PAPER_ROUNDS}). Not judged: the tau sweep and pre-training "
-              "(single-seed ablations)."), ""]
+    lines = ["# FedWalk's claims, judged over seeds (generated by `benchmarks/fedwalk_table.py`)", "",
+             CLAIMS_RULE, "",
+             ("Ours: the best test accuracy over the evaluations (%; the paper reports the best round), the "
+              "number [fedwalk_results.md](fedwalk_results.md) shows, from the runs' records "
+              "(`benchmarks/results/records/fedwalk.jsonl.gz`). Our scale: a simple-CNN trained from scratch "
+              "(the paper: ResNet-18 pre-trained on ImageNet), 100 clients, 20 a round, 5 local steps of 32, "
+              f"as the paper; 50 or {PAPER_ROUNDS} rounds (the paper: {PAPER_ROUNDS}). Not judged: the tau "
+              "sweep and pre-training (single-seed ablations)."), ""]
     for table, (title, *_rest) in TABLES.items():
         claims = table2_claims(results, seeds, table)
         if any(c.method for c in claims):
@@ -281,36 +300,41 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
     table = "cifar10_300" if any(k.startswith("table300/") for k in results) else "cifar10"
     if plot_decisive_curves(results, seeds, table, out.with_name("fedwalk_curves.png")):
         lines += ["## The decisive curves", "", "![X and X + FedWalk](fedwalk_curves.png)", "",
-                  (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, mean over "
-                   f"seeds {', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."), ""]
+                  (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, "
+                   f"mean over seeds {', '.join(map(str, seeds))} with a band of one sample standard "
+                   "deviation (ddof 1)."), ""]
     return write_markdown(out, "\n".join(lines) + "\n")
 
 
 def plot_decisive_curves(results: dict, seeds, table: str, out: Path) -> bool:
-    """Table 2 as curves: each base and the base + FedWalk, one panel per base and column, with bands over seeds.
-    Returns whether anything was drawn."""
+    """Table 2 as curves: each base and the base + FedWalk, one panel per base and column, with bands over
+    seeds. Returns whether anything was drawn."""
     _, prefix, settings, _, columns = TABLES[table]
 
     def curves(name: str) -> list[list[dict]]:
         return [[r for r in results[k]["rows"] if "test_accuracy" in r] for s in seeds
                 if (k := f"{prefix}/{name}/seed{s}") in results]
 
-    return plot_bands([(f"{base}, {column}", [(m, curves(f"{setting}/{m}")) for m in (base, f"{base}+fedwalk")])
+    return plot_bands([(f"{base}, {column}", [(m, curves(f"{setting}/{m}"))
+                                              for m in (base, f"{base}+fedwalk")])
                        for setting, column in zip(settings, columns) for base in BASES], out)
 
 
 def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
-    """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds where those runs
-    have records, else at 50. ``results`` as ``finished`` gives them (default: from the committed records)."""
+    """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds where those
+    runs have records, else at 50. ``results`` as ``finished`` gives them (default: from the committed
+    records)."""
     if results is None:
-        results = finished(REPO / "runs" / "fedwalk", list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES)))
+        results = finished(REPO / "runs" / "fedwalk",
+                           list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES)))
     long = any(k.startswith("table300/") for k in results)
     rounds = PAPER_ROUNDS if long else 50
     return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
-                    f"100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, {PAPER_ROUNDS} "
-                    "rounds",
-                    f"the paper's federation and local work, {rounds} rounds ({round(100 * rounds / PAPER_ROUNDS)} % of its "
-                    "client steps), a simple-CNN trained from scratch in place of the pre-trained ResNet-18",
+                    "100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, "
+                    f"{PAPER_ROUNDS} rounds",
+                    f"the paper's federation and local work, {rounds} rounds "
+                    f"({round(100 * rounds / PAPER_ROUNDS)} % of its client steps), a simple-CNN trained "
+                    "from scratch in place of the pre-trained ResNet-18",
                     table2_claims(results, seeds, "cifar10_300" if long else "cifar10"))
 
 

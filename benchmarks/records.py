@@ -1,26 +1,27 @@
-"""Compact run records: one file per family of runs (``benchmarks/results/records/<family>.jsonl.gz``), one JSON
-line per finished run, which is what the reproduction reports (``benchmarks/*_table.py``) read.
+"""Compact run records: one file per family of runs (``benchmarks/results/records/<family>.jsonl.gz``), one
+JSON line per finished run, which is what the reproduction reports (``benchmarks/*_table.py``) read.
 
-The file's first line is its header: ``{"records": "fedjax_lab runs", "version": 1, "base_config": {...}}``, the
-resolved config most of its runs share. Every other line is one run, sorted by name::
+The file's first line is its header: ``{"records": "fedjax_lab runs", "version": 1, "base_config": {...}}``,
+the resolved config most of its runs share. Every other line is one run, sorted by name::
 
     {"name": "cifar10/niid1/fedavg/seed0",         # the run's folder under runs/<family>/
      "seed": 0, "commit": "<git commit>" | "unknown", "backend": "cpu", "devices": ["cpu:0"],
      "config": {"dataset.partition.alpha": 0.3},   # dotted keys whose value differs from the base config
-     "config_unset": ["asynchrony.sigma"],           # (only when some) dotted keys of the base the run lacks
-     "summary": {...},                               # summary.json: final, best_test_accuracy, best_round, ...
+     "config_unset": ["asynchrony.sigma"],         # (only when some) dotted keys of the base the run lacks
+     "summary": {...},                             # summary.json: final, best_test_accuracy, best_round, ...
      "rows": [{"round": 0, "test_accuracy": 0.1, ...}, ...],
-     "arrays": {"staleness_counts": {"dtype": "int32", "shape": [1, 81], "base64": "..."}},   # (only when kept)
-     "sizes": [120, 98, ...]}                        # (only when kept) each client's number of rows
+     "arrays": {"staleness_counts": {"dtype": "int32", "shape": [1, 81],
+                                     "base64": "..."}},   # (only when kept)
+     "sizes": [120, 98, ...]}                      # (only when kept) each client's number of rows
 
 ``rows`` are the rows of ``metrics.jsonl`` that hold a test evaluation, whole, and of the other rows only the
-per-round metrics its family's reports read (``Keep.rounds``; rows with none are left out). ``arrays`` (the array
-metrics, ``read_arrays``) and ``sizes`` are kept only where a report reads them (``Keep.arrays``, ``Keep.sizes``),
-reduced to what it reads. A run's full run directory (checkpoints, partition, every row, array blocks) stays in the
-git-ignored ``runs/``.
+per-round metrics its family's reports read (``Keep.rounds``; rows with none are left out). ``arrays`` (the
+array metrics, ``read_arrays``) and ``sizes`` are kept only where a report reads them (``Keep.arrays``,
+``Keep.sizes``), reduced to what it reads. A run's full run directory (checkpoints, partition, every row,
+array blocks) stays in the git-ignored ``runs/``.
 
-Old records without a commit say ``"commit": "unknown"``; ``backend`` and ``devices`` come from ``summary.json``
-(``"unknown"`` where it lacks them).
+Old records without a commit say ``"commit": "unknown"``; ``backend`` and ``devices`` come from
+``summary.json`` (``"unknown"`` where it lacks them).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ UNKNOWN = "unknown"
 
 @dataclass(frozen=True)
 class Keep:
-    """What a family's records keep beyond each run's evaluated rows, config and summary: exactly what its report
-    reads, so that the report regenerates unchanged from the records.
+    """What a family's records keep beyond each run's evaluated rows, config and summary: exactly what its
+    report reads, so that the report regenerates unchanged from the records.
 
     Attributes:
       rounds: per-round metrics read from rows without a test evaluation; kept at every round that has them.
@@ -88,9 +89,9 @@ class Record:
     @classmethod
     def from_run_dir(cls, run_dir: Path, name: str, keep: Keep | None = EVERYTHING,
                      commit: str = UNKNOWN) -> Record:
-        """The record of the finished run in ``run_dir`` (``summary.json``, ``config.yaml``, ``metrics.jsonl``,
-        ``arrays/``, ``client_sizes.json`` or ``partition.npz``), keeping what ``keep`` says (everything when
-        None)."""
+        """The record of the finished run in ``run_dir`` (``summary.json``, ``config.yaml``,
+        ``metrics.jsonl``, ``arrays/``, ``client_sizes.json`` or ``partition.npz``), keeping what ``keep``
+        says (everything when None)."""
         from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
         run_dir = Path(run_dir)
@@ -120,7 +121,8 @@ class Record:
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
-        """The kept array metrics (leading axis: rounds, beside ``"round"``), as ``read_arrays`` gives them."""
+        """The kept array metrics (leading axis: rounds, beside ``"round"``), as ``read_arrays`` gives
+        them."""
         return {k: decode_array(v) for k, v in self.encoded_arrays.items()}
 
     def evaluations(self) -> list[dict[str, Any]]:
@@ -128,8 +130,9 @@ class Record:
         return [r for r in self.rows if "test_accuracy" in r]
 
     def write_run_dir(self, run_dir: Path) -> None:
-        """Writes the record out as a run directory (``summary.json``, ``config.yaml``, ``metrics.jsonl`` of the
-        kept rows, the kept arrays as ``arrays/`` blocks, ``client_sizes.json``), for code that reads one."""
+        """Writes the record out as a run directory (``summary.json``, ``config.yaml``, ``metrics.jsonl`` of
+        the kept rows, the kept arrays as ``arrays/`` blocks, ``client_sizes.json``), for code that reads
+        one."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
@@ -142,7 +145,8 @@ class Record:
             rounds = arrays.pop("round", None)
             length = len(next(iter(arrays.values())))
             rounds = np.arange(1, length + 1) if rounds is None else np.asarray(rounds)
-            breaks = [0, *(np.flatnonzero(np.diff(rounds) != 1) + 1), length]  # one block per consecutive stretch
+            # one block per consecutive stretch
+            breaks = [0, *(np.flatnonzero(np.diff(rounds) != 1) + 1), length]
             (run_dir / "arrays").mkdir(exist_ok=True)
             for a, b in itertools.pairwise(breaks):
                 np.savez(run_dir / "arrays" / f"rounds_{rounds[a]:06d}_{rounds[b - 1]:06d}.npz",
@@ -163,7 +167,8 @@ class Record:
 
     @classmethod
     def from_line(cls, line: dict[str, Any], base: dict[str, Any]) -> Record:
-        return cls(name=line["name"], config=apply_difference(base, line["config"], line.get("config_unset", ())),
+        return cls(name=line["name"], config=apply_difference(base, line["config"],
+                                                              line.get("config_unset", ())),
                    summary=line["summary"], rows=line["rows"], seed=line.get("seed"),
                    commit=line.get("commit", UNKNOWN), backend=line.get("backend", UNKNOWN),
                    devices=line.get("devices", UNKNOWN), encoded_arrays=line.get("arrays", {}),
@@ -172,8 +177,8 @@ class Record:
 
 # ------------------------------------------------------------------------------------------------ configs
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``. A dict that is empty or has a key with a dot (an override map such
-    as ``{algorithm.weight: 0.0}``) is one value, so that ``unflatten`` inverts it exactly."""
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``. A dict that is empty or has a key with a dot (an override map
+    such as ``{algorithm.weight: 0.0}``) is one value, so that ``unflatten`` inverts it exactly."""
     flat = {}
     for key, value in config.items():
         if isinstance(value, dict) and value and all(isinstance(k, str) and "." not in k for k in value):
@@ -213,8 +218,8 @@ def apply_difference(base: dict[str, Any], changed: dict[str, Any], unset=()) ->
 
 
 def common_config(configs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A base config that leaves ``configs`` small differences: each dotted key at least half of them have, with
-    its most common value."""
+    """A base config that leaves ``configs`` small differences: each dotted key at least half of them have,
+    with its most common value."""
     flats = [flatten(c) for c in configs]
     counts = Counter(k for f in flats for k in f)
     base = {}
@@ -241,13 +246,15 @@ def encode_array(array: np.ndarray) -> dict[str, Any]:
 def decode_array(encoded: dict[str, Any]) -> np.ndarray:
     data, shape = base64.b64decode(encoded["base64"]), tuple(encoded["shape"])
     if encoded["dtype"] == "b1":
-        return np.unpackbits(np.frombuffer(data, np.uint8), count=int(np.prod(shape))).astype(bool).reshape(shape)
+        return np.unpackbits(np.frombuffer(data, np.uint8),
+                             count=int(np.prod(shape))).astype(bool).reshape(shape)
     return np.frombuffer(data, np.dtype("<" + encoded["dtype"])).reshape(shape).astype(encoded["dtype"])
 
 
 # ------------------------------------------------------------------------------------------------ files
 def code_commit() -> str:
-    """The checkout's git commit, ``+dirty`` when its code or configs differ from it; ``unknown`` outside git."""
+    """The checkout's git commit, ``+dirty`` when its code or configs differ from it; ``unknown`` outside
+    git."""
     return _code_commit(REPO)
 
 
@@ -320,8 +327,8 @@ def write(path: Path, records: dict[str, Record], base: dict[str, Any] | None = 
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Holds the lock of the records file ``path`` (``.<name>.lock`` beside it, git-ignored): copies of a script
-    finishing runs at once each add theirs to what the others wrote."""
+    """Holds the lock of the records file ``path`` (``.<name>.lock`` beside it, git-ignored): copies of a
+    script finishing runs at once each add theirs to what the others wrote."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.name}.lock"), "w") as lock:
@@ -330,8 +337,8 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def add(path: Path, new: list[Record]) -> None:
-    """Adds ``new`` to the records of ``path`` (replacing records of the same name), under its lock. A new file's
-    base config is its first run's."""
+    """Adds ``new`` to the records of ``path`` (replacing records of the same name), under its lock. A new
+    file's base config is its first run's."""
     if not new:
         return
     path = Path(path)

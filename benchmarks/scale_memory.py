@@ -3,11 +3,12 @@
 Each measurement runs in a fresh process (so its peak resident memory is its own) and prints one JSON line;
 the parent collects them into ``benchmarks/results/scale-<backend>-<date>.json`` and prints a table.
 
-* ``cohort``: the MNIST MLP (784-200-200-10, 199,210 parameters) with a cohort of 1000 of 1000 clients, trained 2
-  at a time, with every message stacked (the engine before streaming) and streamed: XLA's memory analysis of the
-  compiled round, the process's peak resident memory and seconds a round.
+* ``cohort``: the MNIST MLP (784-200-200-10, 199,210 parameters) with a cohort of 1000 of 1000 clients,
+  trained 2 at a time, with every message stacked (the engine before streaming) and streamed: XLA's memory
+  analysis of the compiled round, the process's peak resident memory and seconds a round.
 * ``devices``: the same MLP at a cohort of 100, the cohort split over 1 and 2 (forced host) devices.
-* ``population``: FedAvg over 10^5 clients (Gaussian mixture, 20 examples each, the same MLP shape on 20 features).
+* ``population``: FedAvg over 10^5 clients (Gaussian mixture, 20 examples each, the same MLP shape on 20
+  features).
 * ``models``: each model's parameters, message, working memory of one more client in a vmapped cohort and
   training FLOPs an example, from XLA's memory and cost analyses of a compiled round (docs/scale.md derives
   accelerator estimates from them).
@@ -50,12 +51,14 @@ def _peak_rss_gib() -> float:
 
 
 def _measure(raw: dict, rounds: int = 2) -> dict:
-    """Builds ``raw``, compiles a round (XLA's memory analysis), runs ``rounds`` rounds (the first compiles)."""
+    """Builds ``raw``, compiles a round (XLA's memory analysis), runs ``rounds`` rounds (the first
+    compiles)."""
     import jax
 
     from fedjax_lab.engine import memory
-    from fedjax_lab.experiments.build import build_experiment, estimate_memory
+    from fedjax_lab.experiments.build import build_experiment
     from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.memory_fit import estimate_memory
 
     start = time.perf_counter()
     experiment = build_experiment(validate(raw))
@@ -84,15 +87,19 @@ def _measure(raw: dict, rounds: int = 2) -> dict:
 
 def child(kind: str, arg: str) -> dict:
     if kind == "cohort":
-        return {"aggregation": arg, **_measure({**mnist(1000, 1000, chunk_size=2), "parallel": {"aggregation": arg}})}
+        return {"aggregation": arg, **_measure({**mnist(1000, 1000, chunk_size=2),
+                                                "parallel": {"aggregation": arg}})}
     if kind == "devices":
-        return {"devices": int(arg), **_measure({**mnist(1000, 100), "parallel": {"devices": int(arg)}}, rounds=4)}
+        return {"devices": int(arg), **_measure({**mnist(1000, 100), "parallel": {"devices": int(arg)}},
+                                                rounds=4)}
     if kind == "population":
-        raw = {"seed": 0, "dataset": {"name": "gaussian_mixture", "num_clients": int(arg), "examples_per_client": 20,
-                                      "dimension": 20, "num_classes": 10, "train_fraction": 0.5},
+        raw = {"seed": 0, "dataset": {"name": "gaussian_mixture", "num_clients": int(arg),
+                                      "examples_per_client": 20, "dimension": 20, "num_classes": 10,
+                                      "train_fraction": 0.5},
                "model": MLP, "algorithm": {"name": "fedavg"},
                "client": {"optimizer": "sgd", "learning_rate": 0.05, "batch_size": 10, "local_steps": 5},
-               "rounds": {"num_rounds": 4, "clients_per_round": 100}, "eval": {"every": 1, "per_client": False}}
+               "rounds": {"num_rounds": 4, "clients_per_round": 100},
+               "eval": {"every": 1, "per_client": False}}
         return {"num_clients": int(arg), **_measure(raw, rounds=4)}
     if kind == "models":
         return model_costs(arg)
@@ -107,8 +114,8 @@ MODELS = {"mlp": ("mnist", 10), "simple_cnn": ("cifar10", 64), "resnet18": ("cif
 
 def model_costs(name: str) -> dict:
     """One model's memory and FLOPs per client, from XLA's analyses of a compiled round (not run): the whole
-    cohort vmapped with XLA's convolutions, as on an accelerator; per-client figures are the difference between
-    cohorts of 20 and 10, so what every round holds once (data, server state) drops out."""
+    cohort vmapped with XLA's convolutions, as on an accelerator; per-client figures are the difference
+    between cohorts of 20 and 10, so what every round holds once (data, server state) drops out."""
     import jax
 
     from fedjax_lab.engine import memory
@@ -118,7 +125,8 @@ def model_costs(name: str) -> dict:
     dataset, batch = MODELS[name]
     out = {"model": name, "dataset": dataset, "batch_size": batch}
     for cohort in (10, 20):
-        raw = {**mnist(100, cohort), "dataset": {"name": dataset, "partition": {"name": "iid", "num_clients": 100}},
+        raw = {**mnist(100, cohort), "dataset": {"name": dataset,
+                                                 "partition": {"name": "iid", "num_clients": 100}},
                "model": {**MLP, "name": name, "lowering": "xla"},
                "client": {"optimizer": "sgd", "learning_rate": 0.05, "batch_size": batch, "local_steps": 1}}
         raw["rounds"]["chunk_size"] = cohort
@@ -141,8 +149,8 @@ def run_child(kind: str, arg: str, devices: int = 1) -> dict:
     env = dict(os.environ)
     if devices > 1:
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
-    out = subprocess.run([sys.executable, __file__, "--child", kind, arg], check=False, env=env, cwd=REPO, text=True,
-                         capture_output=True)
+    out = subprocess.run([sys.executable, __file__, "--child", kind, arg], check=False, env=env, cwd=REPO,
+                         text=True, capture_output=True)
     if out.returncode:
         return {"kind": kind, "arg": arg, "error": out.stderr[-2000:]}
     return {"kind": kind, **json.loads(out.stdout.strip().splitlines()[-1])}
@@ -154,10 +162,12 @@ def scaffold_capacity(budget_gib: float) -> dict:
     import jax
 
     from fedjax_lab.engine import memory
-    from fedjax_lab.experiments.build import build_experiment, estimate_memory
+    from fedjax_lab.experiments.build import build_experiment
     from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.memory_fit import estimate_memory
 
-    estimate = estimate_memory(build_experiment(validate({**mnist(1000, 100), "algorithm": {"name": "scaffold"}})))
+    estimate = estimate_memory(build_experiment(validate({**mnist(1000, 100),
+                                                          "algorithm": {"name": "scaffold"}})))
     rest = estimate.total - estimate.client_states
     largest = int((budget_gib * memory.GiB - rest) // estimate.per_client_state)
     del jax
@@ -199,7 +209,8 @@ def main() -> None:
     stamp = datetime.date.today().strftime("%Y%m%d")
     path = Path(args.out) / f"scale-{backend}-{stamp}.json"
     path.write_text(json.dumps({"benchmark": "scale_memory", "command": " ".join(["python"] + sys.argv),
-                                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                                "machine": f"{platform.processor() or platform.machine()}, "
+                                           f"{os.cpu_count()} cores",
                                 "jax": jax.__version__, "rows": rows}, indent=1))
     print(f"wrote {path}")
 

@@ -1,15 +1,15 @@
 """A sweep as one program vs the same runs one after another: FedAvg, MNIST MLP, N seeds.
 
-Workload (the FedAvg paper's 2NN, as ``fedavg_mlp_throughput.py``): MNIST, 784-200-200-10 MLP, 1000 IID clients of
-60 examples, 10 clients per round, client SGD (lr 0.05) for 50 local steps of batch 10, FedAvg server. Each member
-trains ``5,000`` examples a round.
+Workload (the FedAvg paper's 2NN, as ``fedavg_mlp_throughput.py``): MNIST, 784-200-200-10 MLP, 1000 IID
+clients of 60 examples, 10 clients per round, client SGD (lr 0.05) for 50 local steps of batch 10, FedAvg
+server. Each member trains ``5,000`` examples a round.
 
 Ways, each in a fresh subprocess (clean peak RSS):
 
 * ``sequential``: ``build_experiment`` and ``run_rounds`` for each seed in turn, as separate runs do (each
   compiles its own program); the default cohort layout of a single run.
-* ``program chunk=C cohort=K``: ``fedjax_lab.experiments.sweep.build_sweep_program``: all seeds in one program,
-  ``C`` members vmapped at a time, the cohort ``K`` clients at a time.
+* ``program chunk=C cohort=K``: ``fedjax_lab.experiments.sweep.build_sweep_program``: all seeds in one
+  program, ``C`` members vmapped at a time, the cohort ``K`` clients at a time.
 
 Reported: steady examples/s over all members (median of ``--reps`` timed calls after a warm-up call), compile
 time (the first call, summed over the runs for ``sequential``), peak RSS. A benchmark, not a test.
@@ -94,10 +94,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="rounds per timed call")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--ways", nargs="+", default=["sequential", "program chunk=8 cohort=1", "program chunk=8 cohort=2",
-                                                  "program chunk=8 cohort=5", "program chunk=8 cohort=10",
-                                                  "program chunk=4 cohort=1", "program chunk=2 cohort=1",
-                                                  "program chunk=1 cohort=2"])
+    ap.add_argument("--ways", nargs="+", default=["sequential", "program chunk=8 cohort=1",
+                                                  "program chunk=8 cohort=2", "program chunk=8 cohort=5",
+                                                  "program chunk=8 cohort=10", "program chunk=4 cohort=1",
+                                                  "program chunk=2 cohort=1", "program chunk=1 cohort=2"])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -110,8 +110,9 @@ def main(argv=None) -> None:
 
     results = []
     for way in args.ways:
-        out = subprocess.run([sys.executable, __file__, "--worker", way, "--seeds", str(args.seeds), "--rounds",
-                              str(args.rounds), "--reps", str(args.reps)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, "--worker", way, "--seeds", str(args.seeds),
+                              "--rounds", str(args.rounds), "--reps", str(args.reps)], capture_output=True,
+                             text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         r = results[-1]
         print(f"{way:<28} {r['examples_per_s']:>9,.0f} ex/s  compile {r['compile_s']:5.1f} s  "

@@ -1,27 +1,30 @@
-"""What the reproduction scripts (``benchmarks/*_table.py``) share: running each cell once, with several copies
-of a script sharing the work, keeping every finished run's record in the repository, and finding what has run.
+"""What the reproduction scripts (``benchmarks/*_table.py``) share: running each cell once, with several
+copies of a script sharing the work, keeping every finished run's record in the repository, and finding what
+has run.
 
-A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, partition, every metrics row, array blocks). When it
-finishes, its record (``records.py``: the resolved config, seed, commit, backend and devices, the evaluated rows of
-the curve and the per-round metrics and arrays its report reads, the summary's final and best) is added to
-``benchmarks/results/records/<runs' folder name>.jsonl.gz``, one file per table, which is committed: the reports
-read only these records, so a table regenerated in a later session, on a fresh clone, still covers every run made
-before. ``python benchmarks/compact_records.py`` turns record folders of the older layout into these files.
+A run goes to ``<runs>/<name>`` (git-ignored: checkpoints, partition, every metrics row, array blocks). When
+it finishes, its record (``records.py``: the resolved config, seed, commit, backend and devices, the evaluated
+rows of the curve and the per-round metrics and arrays its report reads, the summary's final and best) is
+added to ``benchmarks/results/records/<runs' folder name>.jsonl.gz``, one file per table, which is committed:
+the reports read only these records, so a table regenerated in a later session, on a fresh clone, still covers
+every run made before. ``python benchmarks/compact_records.py`` turns record folders of the older layout into
+these files.
 
-A run is skipped when its record or its ``summary.json`` exists (it finished before), or when another copy of the
-script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends, also
-when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright leaves its
-claim behind, and ``rm -r <runs>/.claims`` clears it.
+A run is skipped when its record or its ``summary.json`` exists (it finished before), or when another copy of
+the script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends,
+also when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright
+leaves its claim behind, and ``rm -r <runs>/.claims`` clears it.
 
 The readers below (``finished``, ``evaluations``, ``metrics``, ``summary``, ``arrays``, ``sizes``, ``config``,
-``has_runs``, ...) take a run either as ``records / name`` (``records`` as ``collect`` returns them) or as the path
-of a run directory on disk.
+``has_runs``, ...) take a run either as ``records / name`` (``records`` as ``collect`` returns them) or as the
+path of a run directory on disk.
 
 A report never silently loses a cell: ``write_report`` writes a table that would leave a filled cell of the
 committed one empty (regenerated before that cell's run was rerun, say) beside it, as ``*.new.md``.
 
-A report's claims (``Claim``, ``judge``, ``claims_table``) are each judged by the paired difference over the seeds
-both arms ran and its 95 % interval (``fedjax_lab/experiments/statistics.py``): held, not held or unresolved.
+A report's claims (``Claim``, ``judge``, ``claims_table``) are each judged by the paired difference over the
+seeds both arms ran and its 95 % interval (``fedjax_lab/experiments/statistics.py``): held, not held or
+unresolved.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ reads)."""
 
 
 class Records:
-    """The records of one file, as ``collect`` returns them: ``records / "cifar10/niid1"`` is a ``RunPath``."""
+    """The records of one file, as ``collect`` returns them: ``records / "cifar10/niid1"`` is a
+    ``RunPath``."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -91,7 +95,8 @@ Run = Path | RunPath | Records
 
 
 def records_of(runs: Path) -> Path:
-    """The committed records of the runs under ``runs``: ``benchmarks/results/records/<runs.name>.jsonl.gz``."""
+    """The committed records of the runs under ``runs``:
+    ``benchmarks/results/records/<runs.name>.jsonl.gz``."""
     return RECORDS / f"{Path(runs).name}{SUFFIX}"
 
 
@@ -117,8 +122,8 @@ def collect(runs: Path, spec: Keep = EVALUATIONS) -> Records:
 
 def run_once(runs: Path, name: str, config: Config,
              spec: Keep = EVALUATIONS) -> tuple[dict[str, Any], float] | None:
-    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its record
-    (what ``spec`` says).
+    """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its
+    record (what ``spec`` says).
 
     Returns:
       ``(summary, seconds)`` of a run made now, or None when it was skipped.
@@ -154,7 +159,8 @@ def record(run: Run) -> Record | None:
 
 
 def runs_under(folder: Run) -> dict[str, Record | Path]:
-    """The finished runs under ``folder`` by their path relative to it: records, or run directories on disk."""
+    """The finished runs under ``folder`` by their path relative to it: records, or run directories on
+    disk."""
     if isinstance(folder, Records):
         return dict(folder.runs)
     if isinstance(folder, RunPath):
@@ -165,8 +171,8 @@ def runs_under(folder: Run) -> dict[str, Record | Path]:
 
 
 def has_runs(folder: Run, pattern: str = "*") -> bool:
-    """Whether a finished run lies under ``folder`` at a path whose first parts match ``pattern`` (``*`` for one
-    part: ``has_runs(runs / "cifar10", "*/table3/*/*")``)."""
+    """Whether a finished run lies under ``folder`` at a path whose first parts match ``pattern`` (``*`` for
+    one part: ``has_runs(runs / "cifar10", "*/table3/*/*")``)."""
     parts = PurePosixPath(pattern).parts
     return any(len(p := PurePosixPath(name).parts) >= len(parts)
                and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p, parts)) for name in runs_under(folder))
@@ -189,8 +195,8 @@ def evaluations(run: Run) -> list[dict[str, Any]] | None:
 
 
 def metrics(run: Run) -> list[dict[str, Any]]:
-    """A finished run's metrics rows (of a record: the evaluated rows and the kept per-round metrics); empty if it
-    has not finished."""
+    """A finished run's metrics rows (of a record: the evaluated rows and the kept per-round metrics); empty
+    if it has not finished."""
     return [] if (r := record(run)) is None else r.rows
 
 
@@ -238,8 +244,8 @@ def backends(folder: Run) -> str:
 
 
 def seeds_on_disk(runs: Run, default: list[int]) -> list[int]:
-    """Every seed with a finished run under ``runs`` (``.../seed<k>``), or ``default`` if none: the report covers
-    what has run, not only what one invocation asked for."""
+    """Every seed with a finished run under ``runs`` (``.../seed<k>``), or ``default`` if none: the report
+    covers what has run, not only what one invocation asked for."""
     found = {int(m.group(1)) for name in runs_under(runs)
              if (m := re.fullmatch(r"seed(\d+)", PurePosixPath(name).name))}
     return sorted(found) or list(default)
@@ -273,12 +279,13 @@ def claims_header(unit: str = "points") -> list[str]:
 
 CLAIMS_HEADER = claims_header()
 CLAIMS_RULE = (
-    "Each claim \"A beats B\" is judged by the paired difference A - B over the seeds both arms ran (the same seed "
-    "for both), in points of accuracy (or the unit a table's header names): its mean and 95 % Student-t interval, from the sample standard deviation (ddof 1) of the "
-    "differences (`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; "
-    "**not held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
-    "paper's gain, or fewer than 2 seeds pair (\"unresolved (n seeds)\"). The paper's gain is the difference of "
-    "its two means.")
+    "Each claim \"A beats B\" is judged by the paired difference A - B over the seeds both arms ran (the "
+    "same seed for both), in points of accuracy (or the unit a table's header names): its mean and 95 % "
+    "Student-t interval, from the sample standard deviation (ddof 1) of the differences "
+    "(`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; **not "
+    "held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
+    "paper's gain, or fewer than 2 seeds pair (\"unresolved (n seeds)\"). The paper's gain is the difference "
+    "of its two means.")
 
 
 @dataclass
@@ -309,30 +316,34 @@ class Decisive:
 
 
 def judge(claim: Claim) -> tuple[str, list[int], str]:
-    """(our mean paired difference and interval, the seeds that pair, the verdict) of ``claim``. A seed whose run
-    diverged in either arm (its value NaN) pairs nothing: a model at chance after a NaN says nothing of the gain;
-    the verdict names those seeds."""
+    """(our mean paired difference and interval, the seeds that pair, the verdict) of ``claim``. A seed whose
+    run diverged in either arm (its value NaN) pairs nothing: a model at chance after a NaN says nothing of
+    the gain; the verdict names those seeds."""
     both = sorted(set(claim.method) & set(claim.base))
     seeds = [s for s in both if np.isfinite(claim.method[s]) and np.isfinite(claim.base[s])]
     diverged = [s for s in both if s not in seeds]
-    note = f"; seed{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} diverged" if diverged else ""
+    note = (f"; seed{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} diverged" if diverged
+            else "")
     if len(seeds) < 2:
-        ours = "-" if not seeds else f"{claim.method[seeds[0]] - claim.base[seeds[0]]:+.{claim.our_digits}f} (one seed)"
-        return ours, seeds or diverged, f"unresolved ({len(seeds)} seed{'' if len(seeds) == 1 else 's'}{note})"
+        ours = ("-" if not seeds
+                else f"{claim.method[seeds[0]] - claim.base[seeds[0]]:+.{claim.our_digits}f} (one seed)")
+        return (ours, seeds or diverged,
+                f"unresolved ({len(seeds)} seed{'' if len(seeds) == 1 else 's'}{note})")
     difference = paired_difference([claim.method[s] for s in seeds], [claim.base[s] for s in seeds])
-    return describe(difference, digits=claim.our_digits, scale=1.0), seeds, verdict(difference, claim.paper_gain) + (
-        f" ({note[2:]})" if note else "")
+    return (describe(difference, digits=claim.our_digits, scale=1.0), seeds,
+            verdict(difference, claim.paper_gain) + (f" ({note[2:]})" if note else ""))
 
 
 def paper_gain_cell(claim: Claim) -> str:
-    """The paper's gain as a claims table shows it: its number, or "a gain, no number" for a claim of direction."""
+    """The paper's gain as a claims table shows it: its number, or "a gain, no number" for a claim of
+    direction."""
     gain = "a gain, no number" if claim.direction_only else f"{claim.paper_gain:+.{claim.digits}f}"
     return gain + (f" {claim.paper_note}" if claim.paper_note else "")
 
 
 def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
-    """The markdown rows of ``claims`` (``claims_header``'s columns, differences in ``unit``), with the claims no
-    seed pairs for gathered in a line below the table rather than as rows of '-'."""
+    """The markdown rows of ``claims`` (``claims_header``'s columns, differences in ``unit``), with the claims
+    no seed pairs for gathered in a line below the table rather than as rows of '-'."""
     header = claims_header(unit)
     lines, missing = list(header), []
     for claim in claims:
@@ -340,7 +351,8 @@ def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
         if not seeds:
             missing.append(claim.text)
             continue
-        lines.append(f"| {claim.text} | {paper_gain_cell(claim)} | {ours} | {', '.join(map(str, seeds))} | {judged} |")
+        lines.append(f"| {claim.text} | {paper_gain_cell(claim)} | {ours} | {', '.join(map(str, seeds))} "
+                     f"| {judged} |")
     if len(lines) == len(header):
         lines = []
     if missing:
@@ -369,8 +381,8 @@ def table_cells(text: str) -> dict[tuple[str, str, str], str]:
 
 
 def lost_cells(old: str, new: str) -> list[tuple[str, str, str]]:
-    """The table cells filled in ``old`` that ``new`` leaves empty, '-' or out: what regenerating a report from
-    fewer records than made it would lose."""
+    """The table cells filled in ``old`` that ``new`` leaves empty, '-' or out: what regenerating a report
+    from fewer records than made it would lose."""
     new_cells = table_cells(new)
     return [key for key, cell in table_cells(old).items()
             if cell not in ("", "-") and new_cells.get(key, "-") in ("", "-")]
@@ -378,15 +390,15 @@ def lost_cells(old: str, new: str) -> list[tuple[str, str, str]]:
 
 def write_report(out: Path, text: str) -> Path:
     """Writes a generated report to ``out``, unless that would lose a filled cell of the report already there
-    (its runs made before records were kept, say): then it goes beside it, to ``<out stem>.new.md``, and the lost
-    cells are printed. Returns the path written."""
+    (its runs made before records were kept, say): then it goes beside it, to ``<out stem>.new.md``, and the
+    lost cells are printed. Returns the path written."""
     out = Path(out)
     lost = lost_cells(out.read_text(), text) if out.is_file() else []
     if lost:
         out = out.with_name(out.stem + ".new.md")
         shown = "; ".join(" / ".join(key) for key in lost[:5]) + (" ..." if len(lost) > 5 else "")
-        print(f"{len(lost)} filled cells would be lost ({shown}): the report went to {out} instead; merge it by "
-              "hand or rerun the missing cells", flush=True)
+        print(f"{len(lost)} filled cells would be lost ({shown}): the report went to {out} instead; merge it "
+              "by hand or rerun the missing cells", flush=True)
     out.write_text(text)
     return out
 
@@ -417,11 +429,13 @@ def band(curves: list[list[dict[str, Any]]], key: str = "test_accuracy", scale: 
     return np.array(rounds), mean, spread, reached
 
 
-def plot_bands(panels: list[tuple[str, list[Series]]], out: Path, *, key: str = "test_accuracy", scale: float = 100.0,
-               ylabel: str = "test accuracy (%)", log: bool = False, mark: float | None = None) -> bool:
-    """Curves a reader takes in at a glance: per panel, each series' mean over seeds against rounds with a band of
-    one sample standard deviation (ddof 1), its seeds counted in the legend; ``mark`` draws a dashed line at that
-    round (where a method starts). Panels or series without runs are left out. Returns whether anything was drawn."""
+def plot_bands(panels: list[tuple[str, list[Series]]], out: Path, *, key: str = "test_accuracy",
+               scale: float = 100.0, ylabel: str = "test accuracy (%)", log: bool = False,
+               mark: float | None = None) -> bool:
+    """Curves a reader takes in at a glance: per panel, each series' mean over seeds against rounds with a
+    band of one sample standard deviation (ddof 1), its seeds counted in the legend; ``mark`` draws a dashed
+    line at that round (where a method starts). Panels or series without runs are left out. Returns whether
+    anything was drawn."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -42,8 +42,8 @@ def tiny_classifier(tiny_data):
 
 
 def make_inputs(data, seed=0):
-    return RoundInputs(randomness.base_key(seed), jax.device_put(data.train), jnp.asarray(data.client_train_ids),
-                       jnp.asarray(data.client_train_counts), {})
+    return RoundInputs(randomness.base_key(seed), jax.device_put(data.train),
+                       jnp.asarray(data.client_train_ids), jnp.asarray(data.client_train_counts), {})
 
 
 def make_fedavg(classifier, schedule=None, server=None, client_lr=0.1):
@@ -54,7 +54,8 @@ def make_fedavg(classifier, schedule=None, server=None, client_lr=0.1):
 @pytest.fixture
 def tiny_run(tiny_data, tiny_classifier):
     """(algorithm, plan, initial loop state, inputs) for FedAvg on the tiny data, 6 clients per round."""
-    algorithm = make_fedavg(tiny_classifier, LocalSchedule(4, local_epochs=2, min_examples=tiny_data.min_examples))
+    algorithm = make_fedavg(tiny_classifier,
+                            LocalSchedule(4, local_epochs=2, min_examples=tiny_data.min_examples))
     params = tiny_classifier.init(jax.random.key(0))
     state = init_loop_state(algorithm, params, tiny_data.num_clients)
     return algorithm, CohortPlan(tiny_data.num_clients, 6), state, make_inputs(tiny_data)

@@ -1,8 +1,9 @@
-"""Runs a small config in a fresh process, for the tests of several devices and processes (``tests/test_scale.py``).
+"""Runs a small config in a fresh process, for the tests of several devices and processes
+(``tests/test_scale.py``).
 
-``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and FedBuff on
-1, 2 (the whole share at once) and 4 (a client at a time) of them, and a sweep of 4 seeds with its members split
-over 1 and 4, and writes each run's final parameters' largest difference from the single-device run.
+``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and FedBuff
+on 1, 2 (the whole share at once) and 4 (a client at a time) of them, and a sweep of 4 seeds with its members
+split over 1 and 4, and writes each run's final parameters' largest difference from the single-device run.
 ``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
 ``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
 """
@@ -86,7 +87,8 @@ def process(index: int, count: int, address: str, run_dir: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "devices":
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=4")
         devices(sys.argv[2])
     else:
         process(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

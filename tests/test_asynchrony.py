@@ -50,7 +50,7 @@ def _params(state):
     return state.server_state.params
 
 
-# ------------------------------------------------------------------------------------- reductions to the sync round
+# ------------------------------------------------------------------------------- reductions to the sync round
 def test_zero_delay_asynchronous_round_equals_synchronous_fedavg(tiny_data, tiny_classifier):
     algorithm = _fedavg(tiny_classifier)
     sync, m_sync = _run(algorithm, CohortPlan(tiny_data.num_clients, 5), tiny_data, tiny_classifier, 4)
@@ -79,18 +79,21 @@ def test_fedbuff_with_buffer_equal_to_cohort_and_zero_delay_equals_fedavg(tiny_d
 
 
 def test_fedbuff_flushes_mid_round_each_time_the_buffer_fills(tiny_data, tiny_classifier):
-    # Cohort 6, buffer 2, zero delay: three server steps a round, each on the mean of two updates computed from
-    # the same model, so with SGD at rate 1 the round moves by 3x the cohort mean: FedAvg at server rate 3.
-    sync, _ = _run(_fedavg(tiny_classifier, weighting="uniform", server_lr=3.0), CohortPlan(tiny_data.num_clients, 6),
-                   tiny_data, tiny_classifier, 2)
+    # Cohort 6, buffer 2, zero delay: three server steps a round, each on the mean of two updates computed
+    # from the same model, so with SGD at rate 1 the round moves by 3x the cohort mean: FedAvg at server rate
+    # 3.
+    sync, _ = _run(_fedavg(tiny_classifier, weighting="uniform", server_lr=3.0),
+                   CohortPlan(tiny_data.num_clients, 6), tiny_data, tiny_classifier, 2)
     buffered, metrics = _run(_fedavg(tiny_classifier, weighting="uniform"),
-                             CohortPlan(tiny_data.num_clients, 6, buffer_size=2), tiny_data, tiny_classifier, 2)
+                             CohortPlan(tiny_data.num_clients, 6, buffer_size=2), tiny_data,
+                             tiny_classifier, 2)
     assert_trees_close(_params(sync), _params(buffered), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(metrics["server_steps"], 3)
     np.testing.assert_array_equal(metrics["buffer_fill"], 0)
 
 
-def test_fedasync_with_alpha_one_and_one_client_per_round_equals_sequential_fedavg(tiny_data, tiny_classifier):
+def test_fedasync_with_alpha_one_and_one_client_per_round_equals_sequential_fedavg(tiny_data,
+                                                                                   tiny_classifier):
     sequential, _ = _run(_fedavg(tiny_classifier), CohortPlan(tiny_data.num_clients, 1), tiny_data,
                          tiny_classifier, 5)
     fedasync = _fedavg(tiny_classifier, mixing(1.0, staleness_function("polynomial", 0.5)))
@@ -102,12 +105,13 @@ def test_fedasync_with_alpha_one_and_one_client_per_round_equals_sequential_feda
 
 def test_fedasync_client_proximal_term_is_fedprox_in_the_client_and_rho_zero_is_the_plain_client(
         tiny_data, tiny_classifier):
-    # Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2 is FedProx's term with mu = rho: with alpha 1 and one
-    # client a round (sequential FedAvg) FedAsync(rho) equals FedProx(rho); rho 0 equals the plain client.
+    # Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2 is FedProx's term with mu = rho: with alpha 1 and
+    # one client a round (sequential FedAvg) FedAsync(rho) equals FedProx(rho); rho 0 equals the plain client.
     plan, stale = CohortPlan(tiny_data.num_clients, 1, buffer_size=1), staleness_function("polynomial", 0.5)
-    fedprox, _ = _run(_fedavg(tiny_classifier, proximal(0.3)), CohortPlan(tiny_data.num_clients, 1), tiny_data,
-                      tiny_classifier, 4)
-    with_rho, _ = _run(_fedavg(tiny_classifier, mixing(1.0, stale, rho=0.3)), plan, tiny_data, tiny_classifier, 4)
+    fedprox, _ = _run(_fedavg(tiny_classifier, proximal(0.3)), CohortPlan(tiny_data.num_clients, 1),
+                      tiny_data, tiny_classifier, 4)
+    with_rho, _ = _run(_fedavg(tiny_classifier, mixing(1.0, stale, rho=0.3)), plan, tiny_data,
+                       tiny_classifier, 4)
     assert_trees_close(_params(fedprox), _params(with_rho))
     plain = mixing(1.0, stale)._replace(loss_term=None)  # FedAsync as it was, without the client term
     before, _ = _run(_fedavg(tiny_classifier, plain), plan, tiny_data, tiny_classifier, 4)
@@ -142,11 +146,12 @@ def test_fedbuff_staleness_scaling_weighs_each_update_by_one_over_sqrt_one_plus_
 def test_staleness_functions():
     tau = jnp.array([0, 1, 3, 8])
     np.testing.assert_allclose(staleness_function("constant")(tau), 1.0)
-    np.testing.assert_allclose(staleness_function("polynomial", 0.5)(tau), 1 / np.sqrt(1 + np.array([0, 1, 3, 8])))
+    np.testing.assert_allclose(staleness_function("polynomial", 0.5)(tau),
+                               1 / np.sqrt(1 + np.array([0, 1, 3, 8])))
     np.testing.assert_allclose(staleness_function("hinge", 2.0, 3.0)(tau), [1, 1, 1, 1 / 11])
 
 
-# ------------------------------------------------------------------------------------------ dispatch and arrival
+# --------------------------------------------------------------------------------------- dispatch and arrival
 def _step_rounds(algorithm, plan, data, classifier, rounds, seed=0):
     """Runs round by round; returns the loop states before each round and the metrics of each."""
     inputs = make_inputs(data, seed)
@@ -161,8 +166,8 @@ def _step_rounds(algorithm, plan, data, classifier, rounds, seed=0):
 
 
 class _Recorder:
-    """Wraps an algorithm so that the server reports which clients each step received and their staleness, both
-    plus one (a round without a server step reports zeros)."""
+    """Wraps an algorithm so that the server reports which clients each step received and their staleness,
+    both plus one (a round without a server step reports zeros)."""
 
     @staticmethod
     def wrap(algorithm):
@@ -175,7 +180,8 @@ class _Recorder:
         return algorithm._replace(server_update=server_update)
 
 
-def test_busy_clients_are_never_dispatched_and_every_job_arrives_once_at_its_drawn_round(tiny_data, tiny_classifier):
+def test_busy_clients_are_never_dispatched_and_every_job_arrives_once_at_its_drawn_round(tiny_data,
+                                                                                         tiny_classifier):
     delay = DelayModel("half_normal", sigma=2.0)
     plan = CohortPlan(tiny_data.num_clients, 3, delay=delay)
     states, metrics, inputs = _step_rounds(_Recorder.wrap(_fedavg(tiny_classifier)), plan, tiny_data,
@@ -186,12 +192,14 @@ def test_busy_clients_are_never_dispatched_and_every_job_arrives_once_at_its_dra
         busy = set(np.asarray(before.client_id)[np.asarray(before.occupied)])
         new = np.asarray(after.occupied) & (np.asarray(after.dispatch_round) == r)
         arrived_now = [(c - 1, s - 1) for c, s in zip(m["seen"], m["seen_staleness"]) if c > 0 and s == 1]
-        dispatched = sorted([int(c) for c in np.asarray(after.client_id)[new]] + [int(c) for c, _ in arrived_now])
+        dispatched = sorted([int(c) for c in np.asarray(after.client_id)[new]]
+                            + [int(c) for c, _ in arrived_now])
         assert len(dispatched) == m["dispatched"] == 3 - m["not_dispatched"]
         assert not busy & set(dispatched), f"round {r}: dispatched busy clients {busy & set(dispatched)}"
-        delays = np.asarray(delay.sample(randomness.round_key(inputs.key, jnp.int32(r), randomness.Purpose.DELAY),
-                                         (3,)))
-        positions = {int(c): int(p) for c, p in zip(np.asarray(after.client_id)[new], np.asarray(after.position)[new])}
+        delays = np.asarray(delay.sample(
+            randomness.round_key(inputs.key, jnp.int32(r), randomness.Purpose.DELAY), (3,)))
+        positions = {int(c): int(p) for c, p in zip(np.asarray(after.client_id)[new],
+                                                    np.asarray(after.position)[new])}
         for c in dispatched:
             tau = int(delays[positions[c]]) if c in positions else 0
             expected.append((r + tau, c, tau))
@@ -273,14 +281,16 @@ def test_ca2fl_cache_holds_each_clients_latest_stepped_update_through_the_asynch
     for r in range(7):
         store = states[r + 1].asynchrony.in_flight
         new = np.flatnonzero(np.asarray(store.occupied) & (np.asarray(store.dispatch_round) == r))
-        jobs += sorted((r, int(store.position[i]), int(store.client_id[i]), kernel(store.messages)[i]) for i in new)
+        jobs += sorted((r, int(store.position[i]), int(store.client_id[i]), kernel(store.messages)[i])
+                       for i in new)
     expected = np.zeros((tiny_data.num_clients,) + jobs[0][3].shape, np.float32)
     for start in range(0, len(jobs) - len(jobs) % 2, 2):  # every full buffer of two arrivals was stepped on
         for _, _, client, delta in jobs[start:start + 2]:
             expected[client] = delta
     cache = states[-1].server_state.components["ca2fl"]
     np.testing.assert_allclose(cache.cache["params"]["output"]["kernel"], expected, rtol=1e-6)
-    np.testing.assert_allclose(cache.mean["params"]["output"]["kernel"], expected.mean(0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(cache.mean["params"]["output"]["kernel"], expected.mean(0), rtol=1e-5,
+                               atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------ chunking, seeds, sweeps
@@ -335,7 +345,8 @@ def test_bad_asynchrony_configs_are_refused_with_the_field(raw, message):
 
 @pytest.mark.parametrize("name", ["fedavg", "fedasync", "fedbuff", "ca2fl"])
 def test_each_asynchronous_method_runs_from_its_config_and_learns(tmp_path, name):
-    config = validate({**RAW, "algorithm": {"name": name}, "rounds": {"num_rounds": 12, "clients_per_round": 3},
+    config = validate({**RAW, "algorithm": {"name": name},
+                       "rounds": {"num_rounds": 12, "clients_per_round": 3},
                        "eval": {"every": 6, "per_client": False}})
     summary = run_experiment(config, tmp_path, progress=False)
     rows = read_metrics(tmp_path)
@@ -367,7 +378,8 @@ def test_a_sweep_over_seeds_of_an_asynchronous_run_equals_the_separate_runs(tmp_
     for member in expand(config, grid):
         run_experiment(member.config, tmp_path / "alone" / member.name, progress=False)
         experiment = build_experiment(member.config)
-        together, alone = (RunDirectory(tmp_path / d / member.name).restore_checkpoint(experiment.initial_state())
-                           for d in ("sweep", "alone"))
+        together, alone = (RunDirectory(tmp_path / d / member.name).restore_checkpoint(
+                               experiment.initial_state()) for d in ("sweep", "alone"))
         assert_trees_close(together.server_state.params, alone.server_state.params, rtol=1e-4, atol=1e-6)
-        np.testing.assert_array_equal(together.asynchrony.in_flight.client_id, alone.asynchrony.in_flight.client_id)
+        np.testing.assert_array_equal(together.asynchrony.in_flight.client_id,
+                                      alone.asynchrony.in_flight.client_id)

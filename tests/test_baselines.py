@@ -34,14 +34,14 @@ EPOCHS = LocalSchedule(4, local_epochs=2)
 def _run(algorithm, data, classifier, rounds=2, cohort=6):
     params = classifier.init(jax.random.key(0))
     state = init_loop_state(algorithm, params, data.num_clients)
-    state, metrics = make_run_rounds(algorithm, CohortPlan(data.num_clients, cohort))(state, make_inputs(data),
-                                                                                    num_rounds=rounds)
+    state, metrics = make_run_rounds(algorithm, CohortPlan(data.num_clients, cohort))(
+        state, make_inputs(data), num_rounds=rounds)
     return state, metrics
 
 
 def _fedavg(classifier, *components, schedule=STEPS, weighting="num_examples", server=None, optimizer=None):
-    return fedavg(classifier, optimizer or optax.sgd(0.1), server or fedavg_server(1.0), schedule, *components,
-                  weighting=weighting)
+    return fedavg(classifier, optimizer or optax.sgd(0.1), server or fedavg_server(1.0), schedule,
+                  *components, weighting=weighting)
 
 
 def _fedavg_params(data, classifier, schedule=STEPS, weighting="num_examples", server=None, rounds=2):
@@ -80,18 +80,24 @@ def _control(state, where="server"):
 
 def test_scaffold_first_round_is_fedavg_and_controls_follow_option_ii(tiny_data, tiny_classifier):
     n = tiny_data.num_clients
-    state, _ = _run(_fedavg(tiny_classifier, _scaffold(tiny_classifier)), tiny_data, tiny_classifier, rounds=1)
-    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1), rtol=1e-6)
-    # With c = c_k = 0, option II gives the cohort's clients c_k = (x - y_k) / (K eta); the others stay at zero.
+    state, _ = _run(_fedavg(tiny_classifier, _scaffold(tiny_classifier)), tiny_data, tiny_classifier,
+                    rounds=1)
+    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1),
+                       rtol=1e-6)
+    # With c = c_k = 0, option II gives the cohort's clients c_k = (x - y_k) / (K eta); the others stay at
+    # zero.
     controls = _control(state, "clients")
-    touched = [k for k in range(n) if float(optax.global_norm(jax.tree.map(lambda c, k=k: c[k], controls))) > 0]
+    touched = [k for k in range(n)
+               if float(optax.global_norm(jax.tree.map(lambda c, k=k: c[k], controls))) > 0]
     assert len(touched) == 6
     # The server control is the mean of all N client controls (control_average='all').
-    assert_trees_close(_control(state), jax.tree.map(lambda c: jnp.mean(c, 0), controls), rtol=1e-5, atol=1e-7)
+    assert_trees_close(_control(state), jax.tree.map(lambda c: jnp.mean(c, 0), controls), rtol=1e-5,
+                       atol=1e-7)
 
 
 def test_scaffold_server_control_stays_the_mean_of_all_client_controls(tiny_data, tiny_classifier):
-    state, _ = _run(_fedavg(tiny_classifier, _scaffold(tiny_classifier)), tiny_data, tiny_classifier, rounds=4)
+    state, _ = _run(_fedavg(tiny_classifier, _scaffold(tiny_classifier)), tiny_data, tiny_classifier,
+                    rounds=4)
     assert_trees_close(_control(state), jax.tree.map(lambda c: jnp.mean(c, 0), _control(state, "clients")),
                        rtol=1e-4, atol=1e-6)
 
@@ -108,8 +114,9 @@ def test_scaffold_option_ii_with_one_full_batch_step_equals_option_i(tiny_data, 
 def test_scaffold_option_i_runs_with_training_augmentation(tiny_data, tiny_classifier):
     import dataclasses
 
-    noisy = dataclasses.replace(tiny_classifier,
-                                augment=lambda key, batch: batch["x"] + 0.01 * jax.random.normal(key, batch["x"].shape))
+    noisy = dataclasses.replace(
+        tiny_classifier,
+        augment=lambda key, batch: batch["x"] + 0.01 * jax.random.normal(key, batch["x"].shape))
     state, _ = _run(_fedavg(noisy, control_variates(noisy.loss, 8, option="I")), tiny_data, noisy, rounds=1)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(_control(state)))
 
@@ -123,12 +130,14 @@ def test_scaffold_correction_placements_agree_without_momentum(tiny_data, tiny_c
 
 
 def test_scaffold_reads_the_learning_rate_from_the_client_optimizer(tiny_data, tiny_classifier):
-    # Option II's c_k = (x - y_k) / (K eta) must follow the optimiser's rate: doubling eta with the same gradients
-    # steps (one step, so the trajectory is the same up to scale) leaves the control the same gradient.
+    # Option II's c_k = (x - y_k) / (K eta) must follow the optimiser's rate: doubling eta with the same
+    # gradients steps (one step, so the trajectory is the same up to scale) leaves the control the same
+    # gradient.
     schedule = LocalSchedule(64, local_steps=1)
     controls = []
     for lr in (0.05, 0.1):
-        state, _ = _run(_fedavg(tiny_classifier, control_variates(), schedule=schedule, optimizer=optax.sgd(lr)),
+        state, _ = _run(_fedavg(tiny_classifier, control_variates(), schedule=schedule,
+                                optimizer=optax.sgd(lr)),
                         tiny_data, tiny_classifier, rounds=1)
         controls.append(_control(state, "clients"))
     assert_trees_close(controls[0], controls[1], rtol=1e-4, atol=1e-6)
@@ -152,7 +161,8 @@ def test_fednova_with_equal_steps_equals_weighted_fedavg(tiny_data, tiny_classif
 
 
 def test_fednova_differs_from_fedavg_when_steps_differ(tiny_data, tiny_classifier):
-    state, _ = _run(_fedavg(tiny_classifier, normalised_averaging(), schedule=EPOCHS), tiny_data, tiny_classifier)
+    state, _ = _run(_fedavg(tiny_classifier, normalised_averaging(), schedule=EPOCHS), tiny_data,
+                    tiny_classifier)
     base = _fedavg_params(tiny_data, tiny_classifier, schedule=EPOCHS)
     diff = optax.global_norm(jax.tree.map(jnp.subtract, state.server_state.params, base))
     assert float(diff) > 1e-3
@@ -166,7 +176,8 @@ def test_fednova_averages_batchnorm_statistics_and_normalises_only_weights():
     messages, cohort = {"delta": deltas, "fednova": a}, Cohort(jnp.arange(2), jnp.array([5, 5]))
     component = normalised_averaging()
     sums = {"weight": jnp.sum(weights), "fednova": component.sums(messages, weights, cohort)}
-    view = ServerView((), messages, weights, cohort, ServerContext(jax.random.key(0), jnp.int32(0), {}), None, sums)
+    view = ServerView((), messages, weights, cohort, ServerContext(jax.random.key(0), jnp.int32(0), {}), None,
+                      sums)
     mean = jax.tree.map(lambda d: jnp.mean(d, 0), deltas)
     out, metrics = component.aggregate(view, mean)
     np.testing.assert_allclose(out["batch_stats"]["m"], [2.0])  # the plain weighted mean of the statistics
@@ -187,7 +198,8 @@ def test_feddyn_state_follows_its_update_rule(tiny_data, tiny_classifier):
                     tiny_classifier, rounds=1)
     # h = -alpha/N sum_S (y_k - x) and g_k = -alpha (y_k - x): so h = (1/N) sum_k g_k over all clients.
     assert_trees_close(state.server_state.components["feddyn"],
-                       jax.tree.map(lambda g: jnp.sum(g, 0) / n, state.client_states["feddyn"]), rtol=1e-5, atol=1e-7)
+                       jax.tree.map(lambda g: jnp.sum(g, 0) / n, state.client_states["feddyn"]), rtol=1e-5,
+                       atol=1e-7)
 
 
 def test_feddyn_from_a_config_averages_uniformly_by_default():
@@ -206,12 +218,13 @@ def test_fedexp_step_is_never_below_one_and_extrapolates_disagreeing_clients():
 
 
 def test_fedexp_runs_and_reports_its_step(tiny_data, tiny_classifier):
-    _, metrics = _run(_fedavg(tiny_classifier, extrapolation(), weighting="uniform"), tiny_data, tiny_classifier,
-                      rounds=3)
+    _, metrics = _run(_fedavg(tiny_classifier, extrapolation(), weighting="uniform"), tiny_data,
+                      tiny_classifier, rounds=3)
     assert np.all(np.asarray(metrics["server_step"]) >= 1.0)
 
 
-def test_fedexp_reports_the_average_of_its_last_two_iterates_and_trains_on_the_last(tiny_data, tiny_classifier):
+def test_fedexp_reports_the_average_of_its_last_two_iterates_and_trains_on_the_last(tiny_data,
+                                                                                    tiny_classifier):
     averaged = _fedavg(tiny_classifier, extrapolation(), weighting="uniform")
     plain = _fedavg(tiny_classifier, extrapolation(average_last_two=False), weighting="uniform")
     two, _ = _run(averaged, tiny_data, tiny_classifier, rounds=2)
@@ -225,7 +238,8 @@ def test_fedexp_reports_the_average_of_its_last_two_iterates_and_trains_on_the_l
     from fedjax_lab.experiments import validate
 
     assert validate({"dataset": {"name": "synthetic"}, "model": {"name": "logistic_regression"},
-                     "algorithm": {"name": "fedexp"}, "client": {"local_steps": 1}}).algorithm.average_last_two
+                     "algorithm": {"name": "fedexp"},
+                     "client": {"local_steps": 1}}).algorithm.average_last_two
 
 
 def test_fedsam_with_zero_rho_equals_fedavg(tiny_data, tiny_classifier):
@@ -244,7 +258,8 @@ def test_fedsam_with_positive_rho_changes_the_update(tiny_data, tiny_classifier)
     lambda c: (proximal(0.1),), lambda c: (_scaffold(c, control_average="cohort"),),
     lambda c: (dynamic_regularization(0.01),)])
 def test_baselines_learn_on_the_tiny_data(tiny_data, tiny_classifier, components):
-    _, metrics = _run(_fedavg(tiny_classifier, *components(tiny_classifier)), tiny_data, tiny_classifier, rounds=15)
+    _, metrics = _run(_fedavg(tiny_classifier, *components(tiny_classifier)), tiny_data, tiny_classifier,
+                      rounds=15)
     loss = np.asarray(metrics["train_loss"])
     assert np.all(np.isfinite(loss)) and loss[-3:].mean() < loss[:3].mean()
 
@@ -257,8 +272,8 @@ def test_baselines_learn_on_the_tiny_data(tiny_data, tiny_classifier, components
 def test_every_baseline_runs_from_a_config(tmp_path, overrides):
     from fedjax_lab.experiments import run_experiment, validate
 
-    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
-                       "num_classes": 3},
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                       "dimension": 4, "num_classes": 3},
            "model": {"name": "mlp", "hidden": [8]}, "algorithm": overrides,
            "client": {"local_steps": 2, "batch_size": 4, "learning_rate": 0.1, "momentum": 0.5},
            "rounds": {"num_rounds": 2, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
@@ -267,9 +282,10 @@ def test_every_baseline_runs_from_a_config(tmp_path, overrides):
 
 
 def test_moon_with_zero_mu_equals_fedavg_and_keeps_each_clients_previous_model(tiny_data, tiny_classifier):
-    state, _ = _run(_fedavg(tiny_classifier, contrastive(tiny_classifier, mu=0.0)), tiny_data, tiny_classifier,
-                    rounds=1)
-    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1), rtol=1e-6)
+    state, _ = _run(_fedavg(tiny_classifier, contrastive(tiny_classifier, mu=0.0)), tiny_data,
+                    tiny_classifier, rounds=1)
+    assert_trees_close(state.server_state.params, _fedavg_params(tiny_data, tiny_classifier, rounds=1),
+                       rtol=1e-6)
     initial = tiny_classifier.init(jax.random.key(0))
     previous = state.client_states["moon"]
     changed = [k for k in range(tiny_data.num_clients)
@@ -298,10 +314,11 @@ def test_feddecorr_with_zero_beta_equals_fedavg_and_its_term_is_minimal_for_deco
 def test_centralized_reference_trains_one_client_on_the_pooled_data():
     from fedjax_lab.experiments import build_experiment, validate
 
-    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
-                       "num_classes": 3},
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                       "dimension": 4, "num_classes": 3},
            "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "centralized"},
-           "client": {"local_epochs": 1, "batch_size": 4}, "rounds": {"num_rounds": 2, "clients_per_round": 3}}
+           "client": {"local_epochs": 1, "batch_size": 4},
+           "rounds": {"num_rounds": 2, "clients_per_round": 3}}
     experiment = build_experiment(validate(raw))
     federated = build_experiment(validate({**raw, "algorithm": {"name": "fedavg"}}))
     assert experiment.dataset.num_clients == 1 and experiment.plan.cohort_size == 1
@@ -314,8 +331,8 @@ def test_centralized_reference_trains_one_client_on_the_pooled_data():
 def test_fedprox_plus_moon_equals_each_alone_when_the_others_strength_is_zero(tiny_data, tiny_classifier):
     both = _fedavg(tiny_classifier, proximal(0.0), contrastive(tiny_classifier, mu=1.0))
     moon_only = _fedavg(tiny_classifier, contrastive(tiny_classifier, mu=1.0))
-    assert_trees_close(_run(both, tiny_data, tiny_classifier)[0], _run(moon_only, tiny_data, tiny_classifier)[0],
-                       rtol=1e-6)
+    assert_trees_close(_run(both, tiny_data, tiny_classifier)[0],
+                       _run(moon_only, tiny_data, tiny_classifier)[0], rtol=1e-6)
     both = _fedavg(tiny_classifier, proximal(0.3), contrastive(tiny_classifier, mu=0.0))
     prox_only = _fedavg(tiny_classifier, proximal(0.3))
     s_both, s_prox = _run(both, tiny_data, tiny_classifier)[0], _run(prox_only, tiny_data, tiny_classifier)[0]
@@ -333,7 +350,8 @@ def test_scaffold_plus_fedprox_equals_each_alone_when_the_others_strength_is_zer
     both = _fedavg(tiny_classifier, _scaffold(tiny_classifier), proximal(0.3))
     prox_only = _fedavg(tiny_classifier, proximal(0.3))
     assert_trees_close(_run(both, tiny_data, tiny_classifier, rounds=1)[0].server_state.params,
-                       _run(prox_only, tiny_data, tiny_classifier, rounds=1)[0].server_state.params, rtol=1e-6)
+                       _run(prox_only, tiny_data, tiny_classifier, rounds=1)[0].server_state.params,
+                       rtol=1e-6)
 
 
 def test_components_with_the_same_name_are_rejected(tiny_classifier):

@@ -1,6 +1,6 @@
-"""BHerd and GraB-FedAvg: the herding order against a NumPy Alg. 2, Proposition 1 (alpha = 1 is the base method),
-what a client sends for alpha < 1, the online balancing, and the engine pieces they brought (fixed batch order,
-dropped remainders, array metrics, the training objective)."""
+"""BHerd and GraB-FedAvg: the herding order against a NumPy Alg. 2, Proposition 1 (alpha = 1 is the base
+method), what a client sends for alpha < 1, the online balancing, and the engine pieces they brought (fixed
+batch order, dropped remainders, array metrics, the training objective)."""
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,8 @@ from fedjax_lab.methods.scaffold import control_variates
 from fedjax_lab.methods.server_optimizers import fedavg_server
 from tests.conftest import assert_trees_close, make_inputs
 
-# One epoch of floor(n_k / 3) full batches in a fixed order, as the paper: clients of 3 to 27 rows take 1 to 9 steps.
+# One epoch of floor(n_k / 3) full batches in a fixed order, as the paper: clients of 3 to 27 rows take 1 to 9
+# steps.
 PAPER = LocalSchedule(3, local_epochs=1, drop_remainder=True, reshuffle=False)
 
 
@@ -53,7 +54,8 @@ def test_herding_order_equals_numpy_alg2_with_padding_under_vmap():
     taus = rng.integers(3, tau_max + 1, trials)  # with 2 steps, c_1 = -c_2: a tie that float noise breaks
     ks = np.array([rng.integers(1, t + 1) for t in taus])
     zs = rng.normal(size=(trials, tau_max, d)) + rng.normal(size=(trials, 1, d))
-    zs[np.arange(tau_max)[None, :] >= taus[:, None]] = 0.0  # padded steps are zeros, as the engine stores them
+    # padded steps are zeros, as the engine stores them
+    zs[np.arange(tau_max)[None, :] >= taus[:, None]] = 0.0
     grams = jnp.asarray(np.einsum("tid,tjd->tij", zs, zs), jnp.float32)
     valid = jnp.asarray(np.arange(tau_max)[None, :] < taus[:, None])
     orders, selected = jax.jit(jax.vmap(herding_order))(grams, valid, jnp.asarray(ks))
@@ -109,18 +111,21 @@ def test_alpha_one_equals_fedavg_with_momentum(tiny_data, tiny_classifier):
 
 
 def test_a_client_sends_the_rescaled_sum_of_its_herd(tiny_data, tiny_classifier):
-    """alpha = 0.5: the delta is (1 / alpha) times the sum of the Alg. 2 picks among the steps really taken."""
+    """alpha = 0.5: the delta is (1 / alpha) times the sum of the Alg. 2 picks among the steps really
+    taken."""
     algorithm = _method(tiny_classifier, herded_steps(0.5))
     params = tiny_classifier.init(jax.random.key(0))
     k = 4  # 27 rows, B = 3: 9 steps, 5 kept
     client = ClientData(jnp.int32(k), jnp.asarray(tiny_data.client_train_ids[k]),
-                        jnp.int32(tiny_data.client_train_counts[k]), randomness.data_key(jax.random.key(0), k))
+                        jnp.int32(tiny_data.client_train_counts[k]),
+                        randomness.data_key(jax.random.key(0), k))
     server_state = algorithm.server_init(params)
-    message, _, _ = jax.jit(algorithm.client_update)(server_state, {}, client, jax.device_put(tiny_data.train),
-                                                     jax.random.key(1))
+    message, _, _ = jax.jit(algorithm.client_update)(server_state, {}, client,
+                                                     jax.device_put(tiny_data.train), jax.random.key(1))
     _, stats = train_locally(params, tiny_classifier, optax.sgd(0.1), client, jax.device_put(tiny_data.train),
                              jax.random.key(1), PAPER, LocalHooks(step_output=lambda r: r.update))
-    steps = np.concatenate([np.asarray(x).reshape(9, -1) for x in jax.tree.leaves(stats.step_outputs)], axis=1)
+    steps = np.concatenate([np.asarray(x).reshape(9, -1) for x in jax.tree.leaves(stats.step_outputs)],
+                           axis=1)
     picks = numpy_herding(steps.astype(np.float64), 5)
     expected = steps[picks].sum(0) / 0.5
     sent = np.concatenate([np.asarray(x).reshape(-1) for x in jax.tree.leaves(message["delta"])])
@@ -172,8 +177,8 @@ def _selected_fraction(steps, centering):
 
 
 def test_grab_running_mean_centering_balances_the_steps_less_their_running_mean():
-    # The variant centres each step on the mean of the steps so far (Alg. 4 centres it on a partial sum over tau):
-    # the same balance, a different c; checked against a NumPy loop.
+    # The variant centres each step on the mean of the steps so far (Alg. 4 centres it on a partial sum over
+    # tau): the same balance, a different c; checked against a NumPy loop.
     rng = np.random.default_rng(3)
     steps = rng.normal(size=(12, 6)).astype(np.float32) + 1.0
     fraction, m = _selected_fraction(steps, "running_mean")
@@ -194,9 +199,10 @@ def test_fixed_batch_order_repeats_across_rounds_and_reshuffling_does_not(tiny_d
         k = 1
         key = randomness.client_key(jax.random.key(0), round_index, k)
         client = ClientData(jnp.int32(k), jnp.asarray(tiny_data.client_train_ids[k]),
-                            jnp.int32(tiny_data.client_train_counts[k]), randomness.data_key(jax.random.key(0), k))
-        _, stats = train_locally(tiny_classifier.init(jax.random.key(0)), tiny_classifier, optax.sgd(0.1), client,
-                                 jax.device_put(tiny_data.train), key, schedule,
+                            jnp.int32(tiny_data.client_train_counts[k]),
+                            randomness.data_key(jax.random.key(0), k))
+        _, stats = train_locally(tiny_classifier.init(jax.random.key(0)), tiny_classifier, optax.sgd(0.1),
+                                 client, jax.device_put(tiny_data.train), key, schedule,
                                  LocalHooks(step_output=lambda r: r.batch["y"] * 0 + r.batch["x"][:, 0]))
         return np.asarray(stats.step_outputs)
 
@@ -233,8 +239,8 @@ BHERD_RAW = {
 
 
 def test_a_resumed_bherd_run_keeps_its_selection_maps_and_training_objective(tmp_path):
-    """The array metrics (selected steps per client) are written per block, truncated on resume, and joined; the
-    full training objective is reported beside the test metrics."""
+    """The array metrics (selected steps per client) are written per block, truncated on resume, and joined;
+    the full training objective is reported beside the test metrics."""
     from fedjax_lab.experiments import build_experiment, run_experiment, validate
     from fedjax_lab.experiments.run_directory import read_arrays, read_metrics
 
@@ -242,7 +248,8 @@ def test_a_resumed_bherd_run_keeps_its_selection_maps_and_training_objective(tmp
     experiment = build_experiment(config)
     run_experiment(config, tmp_path / "whole", progress=False, experiment=experiment)
     run_experiment(config, tmp_path / "split", progress=False, experiment=experiment, stop_after_round=4)
-    (tmp_path / "split" / "arrays" / "rounds_000005_000006.npz").write_bytes(b"")  # as if cut off after round 4
+    # as if cut off after round 4
+    (tmp_path / "split" / "arrays" / "rounds_000005_000006.npz").write_bytes(b"")
     run_experiment(config, tmp_path / "split", progress=False, experiment=experiment, resume=True)
     whole, split = read_arrays(tmp_path / "whole"), read_arrays(tmp_path / "split")
     assert list(whole["round"]) == list(range(1, 7)) and whole["bherd_selected"].shape[:2] == (6, 4)
@@ -275,8 +282,9 @@ def test_alpha_outside_zero_one_is_refused_naming_the_field():
     from fedjax_lab.experiments import ConfigError, validate
 
     for alpha in (0.0, 1.5):
-        with pytest.raises(ConfigError, match="algorithm.alpha: Input should be (greater than 0|less than or equal "
-                                              "to 1)"):
+        with pytest.raises(ConfigError, match="algorithm.alpha: Input should be (greater than 0|less than or "
+                                              "equal to 1)"):
             validate({**BHERD_RAW, "algorithm": {"name": "bherd", "alpha": alpha}})
     with pytest.raises(ConfigError, match="algorithm.plugins.0.selection"):
-        validate({**BHERD_RAW, "algorithm": {"name": "scaffold", "plugins": [{"name": "bherd", "selection": "top"}]}})
+        validate({**BHERD_RAW, "algorithm": {"name": "scaffold",
+                                             "plugins": [{"name": "bherd", "selection": "top"}]}})

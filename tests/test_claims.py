@@ -1,5 +1,5 @@
-"""The reproduction reports judge each paper claim by the paired difference over seeds (``table_runs.judge``): pairs
-by seed, only seeds both arms ran, and "unresolved (n seeds)" below two pairs."""
+"""The reproduction reports judge each paper claim by the paired difference over seeds (``table_runs.judge``):
+pairs by seed, only seeds both arms ran, and "unresolved (n seeds)" below two pairs."""
 
 import json
 import sys
@@ -18,18 +18,22 @@ def test_a_claim_is_judged_over_the_seeds_both_arms_ran():
     claim = Claim("A beats B", 1.0, {0: 10.0, 1: 12.0, 2: 14.0, 3: 50.0}, {0: 9.0, 1: 10.0, 2: 11.0})
     ours, seeds, verdict = judge(claim)
     assert (ours, seeds, verdict) == ("+2.0 [-0.5, +4.5]", [0, 1, 2], "unresolved")
-    assert judge(Claim("A beats B", 5.0, claim.method, claim.base))[2] == "not held"  # the interval is below 5
+    # the interval is below 5
+    assert judge(Claim("A beats B", 5.0, claim.method, claim.base))[2] == "not held"
     assert judge(Claim("A beats B", 5.0, {0: 2.0, 1: 2.1, 2: 1.9}, {0: 0.0, 1: 0.0, 2: 0.0}))[2] == "held"
 
 
 def test_fewer_than_two_pairs_leave_a_claim_unresolved():
-    assert judge(Claim("A beats B", 1.0, {0: 3.0, 1: 4.0}, {1: 2.5})) == ("+1.5 (one seed)", [1], "unresolved (1 seed)")
+    assert judge(Claim("A beats B", 1.0, {0: 3.0, 1: 4.0}, {1: 2.5})) == ("+1.5 (one seed)", [1],
+                                                                          "unresolved (1 seed)")
     assert judge(Claim("A beats B", 1.0, {0: 3.0}, {1: 2.5})) == ("-", [], "unresolved (0 seeds)")
 
 
 def test_the_claims_table_has_a_row_per_claim_and_lists_the_unpaired_below():
-    lines = claims_table([Claim("A beats B, NIID-1", 4.27, {0: 71.0, 1: 69.2, 2: 74.9}, {0: 69.7, 1: 68.3, 2: 73.5}),
-                          Claim("A beats C, NIID-1", 1.5, {0: 71.0}, {}, digits=1, paper_note="(CIFAR-10's)")])
+    lines = claims_table([Claim("A beats B, NIID-1", 4.27, {0: 71.0, 1: 69.2, 2: 74.9},
+                                {0: 69.7, 1: 68.3, 2: 73.5}),
+                          Claim("A beats C, NIID-1", 1.5, {0: 71.0}, {}, digits=1,
+                                paper_note="(CIFAR-10's)")])
     assert lines[:2] == table_runs.CLAIMS_HEADER
     assert lines[2] == "| A beats B, NIID-1 | +4.27 | +1.2 [+0.5, +1.9] | 0, 1, 2 | held |"
     assert lines[3:] == ["", "Unresolved (0 seeds), no paired records: A beats C, NIID-1."]
@@ -38,7 +42,8 @@ def test_the_claims_table_has_a_row_per_claim_and_lists_the_unpaired_below():
 
 def test_the_reports_cells_use_the_sample_standard_deviation():
     assert table_runs.mean_std([40.0, 42.0, 44.0], of=3, ddof=1) == "42.0±2.0"
-    assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±2.0"  # the sample standard deviation, ddof 1
+    # the sample standard deviation, ddof 1
+    assert table_runs.mean_std([40.0, 42.0, 44.0], of=3) == "42.0±2.0"
     import fedcog_table
     import feddle_table
     import fedimpro_table
@@ -66,8 +71,10 @@ def test_fedcogs_claims_pair_fedcog_with_fedavg_by_seed(tmp_path):
     out = tmp_path / "fedcog_claims.md"
     fedcog_table.claims(runs, tmp_path / "none", ["fashion_mnist"], [0, 1, 2], out)
     text = out.read_text()
-    assert "| FedCOG beats FedAvg, Fashion-MNIST NIID-1 | +4.27 | +1.2 [+0.5, +1.9] | 0, 1, 2 | held |" in text
-    assert "| FedCOG beats MOON, Fashion-MNIST NIID-1 | +4.13 | -0.8 (one seed) | 1 | unresolved (1 seed) |" in text
+    assert ("| FedCOG beats FedAvg, Fashion-MNIST NIID-1 | +4.27 | +1.2 [+0.5, +1.9] | 0, 1, 2 | held |"
+            in text)
+    assert ("| FedCOG beats MOON, Fashion-MNIST NIID-1 | +4.13 | -0.8 (one seed) | 1 | unresolved (1 seed) |"
+            in text)
     assert "FedCOG beats FedAvg, Fashion-MNIST NIID-2" in text.split("## Table 1 with")[0]  # no runs: listed
     assert "Table 3" not in text  # no Table 3 runs
 
@@ -87,29 +94,33 @@ def test_a_claim_of_direction_only_is_held_or_not_by_the_side_of_zero_its_interv
     above = Claim("A below B", 0.0, {0: 0.3, 1: 0.31, 2: 0.29}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True,
                   our_digits=2)
     assert judge(above) == ("+0.30 [+0.28, +0.32]", [0, 1, 2], "held")
-    below = Claim("A below B", 0.0, {0: -0.3, 1: -0.31, 2: -0.29}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True)
+    below = Claim("A below B", 0.0, {0: -0.3, 1: -0.31, 2: -0.29}, {0: 0.0, 1: 0.0, 2: 0.0},
+                  direction_only=True)
     assert judge(below)[2] == "not held"
-    across = Claim("A below B", 0.0, {0: -0.3, 1: 0.31, 2: 0.0}, {0: 0.0, 1: 0.0, 2: 0.0}, direction_only=True)
+    across = Claim("A below B", 0.0, {0: -0.3, 1: 0.31, 2: 0.0}, {0: 0.0, 1: 0.0, 2: 0.0},
+                   direction_only=True)
     assert judge(across)[2] == "unresolved"
     lines = claims_table([above], unit="objective")
-    assert lines[0].startswith("| claim | paper's gain (objective) | ours: mean paired difference [95 % interval] "
-                               "(objective) |")
+    assert lines[0].startswith("| claim | paper's gain (objective) | ours: mean paired difference [95 % "
+                               "interval] (objective) |")
     assert lines[2] == "| A below B | a gain, no number | +0.30 [+0.28, +0.32] | 0, 1, 2 | held |"
 
 
 def fake_curve(run_dir: Path, rows: list[dict]) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "summary.json").write_text(json.dumps({"best_test_accuracy": max(r["test_accuracy"] for r in rows),
-                                                      "final": rows[-1]}))
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"best_test_accuracy": max(r["test_accuracy"] for r in rows), "final": rows[-1]}))
     (run_dir / "config.yaml").write_text("seed: 0\n")
 
 
 def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(tmp_path):
     import bherd_table
 
-    losses = {"fedavg": (0.40, 0.42, 0.41), "bherd": (0.35, 0.36, 0.38)}  # FedAvg minus BHerd: 0.05, 0.06, 0.03
-    accuracy = {"fedavg": (0.80, 0.81, 0.82), "bherd": (0.79, 0.83, 0.82)}  # BHerd minus FedAvg: -1, +2, 0 points
+    # FedAvg minus BHerd: 0.05, 0.06, 0.03
+    losses = {"fedavg": (0.40, 0.42, 0.41), "bherd": (0.35, 0.36, 0.38)}
+    # BHerd minus FedAvg: -1, +2, 0 points
+    accuracy = {"fedavg": (0.80, 0.81, 0.82), "bherd": (0.79, 0.83, 0.82)}
     for method in losses:
         for seed in range(3):
             fake_curve(tmp_path / f"svm/case3/{method}/seed{seed}",
@@ -118,11 +129,11 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
                         {"round": 500, "test_accuracy": accuracy[method][seed], "full_train_loss": 0.3}])
     text = bherd_table.claims(tmp_path, [0, 1, 2], tmp_path / "bherd_claims.md").read_text()
     # mean 0.0467, sample std 0.0153, half-width t_{0.975, 2} 0.0153 / sqrt(3) = 0.0379
-    assert ("| BHerd-FedAvg (alpha 0.5) lower than FedAvg (RR) over rounds 1-10, case 3 | a gain, no number | "
-            "+0.0467 [+0.0087, +0.0846] | 0, 1, 2 | held |") in text
+    assert ("| BHerd-FedAvg (alpha 0.5) lower than FedAvg (RR) over rounds 1-10, case 3 | a gain, no number "
+            "| +0.0467 [+0.0087, +0.0846] | 0, 1, 2 | held |") in text
     # mean 0.33, sample std 1.53, half-width 3.79
-    assert ("| BHerd-FedAvg (alpha 0.5) ends above FedAvg (RR), case 3 | a gain, no number | +0.33 [-3.46, +4.13] | "
-            "0, 1, 2 | unresolved |") in text
+    assert ("| BHerd-FedAvg (alpha 0.5) ends above FedAvg (RR), case 3 | a gain, no number | +0.33 [-3.46, "
+            "+4.13] | 0, 1, 2 | unresolved |") in text
     assert "case 1 |" not in text  # no runs of case 1: listed below the tables as unpaired
     summary = bherd_table.decisive(tmp_path)
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
@@ -156,9 +167,12 @@ def test_the_summary_page_counts_each_papers_verdicts():
 
 
 def test_a_band_over_seeds_goes_on_without_a_run_that_stopped_early():
-    curves = [[{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.5}, {"round": 20, "test_accuracy": 0.7}],
-              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.3}],  # diverged after round 10
-              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.4}, {"round": 20, "test_accuracy": 0.8}]]
+    curves = [[{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.5},
+               {"round": 20, "test_accuracy": 0.7}],
+              # diverged after round 10
+              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.3}],
+              [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.4},
+               {"round": 20, "test_accuracy": 0.8}]]
     rounds, mean, spread, reached = table_runs.band(curves, scale=100.0)
     assert rounds.tolist() == [0, 10, 20] and reached.tolist() == [3, 3, 2]
     np.testing.assert_allclose(mean, [10.0, 40.0, 75.0])

@@ -20,32 +20,41 @@ def _with(section, **fields):
 @pytest.mark.parametrize("raw, message", [
     (_with("algorithm", name="fedprx"),
      "algorithm.name: unknown name 'fedprx'; did you mean 'fedprox'? allowed: 'fedavg', 'fedavgm'"),
-    (_with("algorithm", name="sgd"), "algorithm.name: unknown name 'sgd'; allowed: 'fedavg', 'fedavgm'"),  # none close
+    (_with("algorithm", name="sgd"),
+     "algorithm.name: unknown name 'sgd'; allowed: 'fedavg', 'fedavgm'"),  # none close
     (_with("client", learning_rate=float("inf")), "client.learning_rate: must be a finite number, got inf"),
-    (_with("rounds", num_rounds=True), "rounds.num_rounds: expected a number or a name, got the boolean True"),
+    (_with("rounds", num_rounds=True),
+     "rounds.num_rounds: expected a number or a name, got the boolean True"),
     (_with("algorithm", name="fedprox", temperature=0.5),
-     "algorithm.temperature: fedprox has no field 'temperature' (it is a field of fedcog, feddf, moon, vhl); fedprox's fields:"),
+     ("algorithm.temperature: fedprox has no field 'temperature' (it is a field of fedcog, feddf, moon, "
+      "vhl); fedprox's fields:")),
+
     (_with("algorithm", name="fedprox", mu=0.1, plugins=[{"name": "moon", "rho": 0.1}]),
-     ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedasync, fedsam); moon's fields: mu, name, "
-      "temperature")),
+     ("algorithm.plugins.0.rho: moon has no field 'rho' (it is a field of fedasync, fedsam); moon's fields: "
+      "mu, name, temperature")),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedavg"}]),
-     "algorithm.plugins.0.name: unknown name 'fedavg'; fedavg is a method but not a plug-in; allowed: 'bherd'"),
+     ("algorithm.plugins.0.name: unknown name 'fedavg'; fedavg is a method but not a plug-in; "
+      "allowed: 'bherd'")),
     (_with("algorithm", name="fedprox", plugins=[{"name": "fedprox"}]),
      "algorithm.plugins: each method may appear once, got ['fedprox'] more than once"),
     (_with("algorithm", name="fedavg", plugins=[{"name": "fedwalk"}]),
      "algorithm: fedwalk needs data held by the server: set dataset.server_data"),
     (_with("dataset", name="imagenet"),
-     "dataset.name: unknown name 'imagenet'; did you mean 'image_folder'? allowed: 'synthetic', 'gaussian_mixture'"),
-    (_with("rounds", clients_per_round=31), "rounds.clients_per_round must be <= dataset.num_clients=30, got 31"),
+     ("dataset.name: unknown name 'imagenet'; did you mean 'image_folder'? allowed: 'synthetic', "
+      "'gaussian_mixture'")),
+    (_with("rounds", clients_per_round=31),
+     "rounds.clients_per_round must be <= dataset.num_clients=30, got 31"),
     (_with("client", learning_rate=0), "client.learning_rate: Input should be greater than 0, got 0"),
     (_with("client", learning_rate=-0.1), "client.learning_rate: Input should be greater than 0, got -0.1"),
-    (_with("algorithm", server_learning_rate=0.0), "algorithm.server_learning_rate: Input should be greater than 0"),
+    (_with("algorithm", server_learning_rate=0.0),
+     "algorithm.server_learning_rate: Input should be greater than 0"),
     (_with("client", learnin_rate=0.1), "client.learnin_rate: unknown key; did you mean 'learning_rate'?"),
     (_with("dataset", alhpa=0.5), "dataset.alhpa: unknown key; did you mean 'alpha'?"),
     (_with("roundz", num_rounds=3), "roundz: unknown key; did you mean 'rounds'?"),
     ({k: v for k, v in BASE.items() if k != "model"}, "model: required field is missing"),
     (_with("client", local_epochs=2), "set exactly one of client.local_steps and client.local_epochs"),
-    (_with("rounds", clients_per_round=10, chunk_size=4), "rounds.chunk_size must divide rounds.clients_per_round=10"),
+    (_with("rounds", clients_per_round=10, chunk_size=4),
+     "rounds.chunk_size must divide rounds.clients_per_round=10"),
 ])
 def test_bad_config_is_rejected_with_field_and_allowed_values(raw, message):
     with pytest.raises(ConfigError) as error:
@@ -98,8 +107,8 @@ def test_a_plugin_field_is_overridden_by_the_plugins_name(tmp_path):
 
 
 def test_config_errors_load_no_jax(tmp_path):
-    """A bad config is refused before JAX is imported (what makes it take a fraction of a second: the time itself
-    is not asserted here; a hang is caught by the subprocess's timeout)."""
+    """A bad config is refused before JAX is imported (what makes it take a fraction of a second: the time
+    itself is not asserted here; a hang is caught by the subprocess's timeout)."""
     import subprocess
     import sys
 
@@ -109,7 +118,8 @@ def test_config_errors_load_no_jax(tmp_path):
     code = ("import sys; from fedjax_lab.experiments.cli import main; "
             f"status = main(['run', {str(path)!r}, 'client.learning_rate=-1']); "
             "print(status, 'jax' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120)
     assert out.stdout.split() == ["2", "False"], out
     assert "client.learning_rate: Input should be greater than 0" in out.stderr
 
@@ -169,13 +179,15 @@ def test_independent_problems_are_reported_together():
     from fedjax_lab.experiments.config import ConfigError, validate
 
     raw = _with("client", learnin_rate=0.1)
-    raw.setdefault("rounds", {})["clients_per_round"] = 50  # a problem across sections, independent of the first
+    # a problem across sections, independent of the first
+    raw.setdefault("rounds", {})["clients_per_round"] = 50
     raw["algorithm"] = {"name": "fedprox", "plugins": [{"name": "fedprox"}]}
     with pytest.raises(ConfigError) as caught:
         validate(raw)
     assert str(caught.value).splitlines()[1:] == [
-        ("  client.learnin_rate: unknown key; did you mean 'learning_rate'? (allowed: batch_order, batch_size, "
-        "drop_remainder, learning_rate, local_epochs, local_steps, momentum, optimizer, schedule, weight_decay)"),
+        ("  client.learnin_rate: unknown key; did you mean 'learning_rate'? (allowed: batch_order, "
+         "batch_size, drop_remainder, learning_rate, local_epochs, local_steps, momentum, optimizer, "
+         "schedule, weight_decay)"),
         "  rounds.clients_per_round must be <= dataset.num_clients=30, got 50",
         "  algorithm.plugins: each method may appear once, got ['fedprox'] more than once"]
 
@@ -183,30 +195,35 @@ def test_independent_problems_are_reported_together():
 def test_a_problem_that_involves_a_wrong_field_is_not_reported_twice():
     from fedjax_lab.experiments.config import ConfigError, validate
 
-    raw = _with("rounds", clients_per_round="many")  # its default (10) would not fit 5 clients: no made-up problem
+    # its default (10) would not fit 5 clients: no made-up problem
+    raw = _with("rounds", clients_per_round="many")
     raw["dataset"]["num_clients"] = 5
     with pytest.raises(ConfigError) as caught:
         validate(raw)
-    assert len(str(caught.value).splitlines()) == 2 and "rounds.clients_per_round: Input should be a valid integer" \
-        in str(caught.value)
+    assert len(str(caught.value).splitlines()) == 2 and \
+        "rounds.clients_per_round: Input should be a valid integer" in str(caught.value)
 
 
 def test_the_builder_names_no_method():
-    """``experiments/build.py`` builds every method through the registry and the engine's round; it imports no
-    method module (a method declares what the builder needs, such as FedImpro's ``split``)."""
+    """``experiments/`` (the builder: ``build.py``, ``algorithms.py``, ...) builds every method through the
+    registry and the engine's round; it imports no method's package (a method declares what the builder needs,
+    such as FedImpro's ``split``)."""
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "fedjax_lab" / "experiments" / "build.py").read_text()
-    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
-    imported |= {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source))
-                 if isinstance(node, ast.ImportFrom) for a in node.names}
-    methods = {m for m in imported if m.startswith("fedjax_lab.methods.")}
-    assert methods <= {"fedjax_lab.methods.registry", "fedjax_lab.methods.server_optimizers"}, methods
+    imported = set()
+    for path in (Path(__file__).resolve().parents[1] / "fedjax_lab" / "experiments").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {f"{node.module}.{a.name}" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) for a in node.names}
+    allowed = ("fedjax_lab.methods.registry", "fedjax_lab.methods.server_optimizers")
+    methods = {m for m in imported if m.startswith("fedjax_lab.methods.") and not m.startswith(allowed)}
+    assert not methods, methods
 
 
 def test_each_method_is_a_folder_of_its_config_and_its_code():
-    """Every package under ``methods/`` holds its config (``__init__.py``, importing no more than pydantic and the
-    registry's mechanism) and its code (``method.py``, with ``build``), and registers what it holds."""
+    """Every package under ``methods/`` holds its config (``__init__.py``, importing no more than pydantic and
+    the registry's mechanism) and its code (``method.py``, with ``build``), and registers what it holds."""
     import ast
 
     from fedjax_lab.methods import registry
@@ -219,16 +236,18 @@ def test_each_method_is_a_folder_of_its_config_and_its_code():
         tree = ast.parse((folder / "__init__.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert imported <= {"__future__", "typing", "pydantic", "fedjax_lab.methods.registry"}, (folder, imported)
+        assert imported <= {"__future__", "typing", "pydantic",
+                            "fedjax_lab.methods.registry"}, (folder, imported)
+
         code = ast.parse((folder / "method.py").read_text())
         assert "build" in {n.name for n in code.body if isinstance(n, ast.FunctionDef)}, folder
         assert folder.name in registered, folder
 
 
 def test_methods_draw_keys_from_named_streams_not_numbers():
-    """A method's randomness comes from ``randomness`` (``setup_key``, ``named_key``) or ``component_key``: no key
-    made from a literal seed (outside ``jax.eval_shape``, where it only gives shapes) and no bare number folded
-    into a context's or the run's key, whose collisions nothing would catch."""
+    """A method's randomness comes from ``randomness`` (``setup_key``, ``named_key``) or ``component_key``: no
+    key made from a literal seed (outside ``jax.eval_shape``, where it only gives shapes) and no bare number
+    folded into a context's or the run's key, whose collisions nothing would catch."""
     import ast
 
     found = []

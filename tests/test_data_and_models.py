@@ -9,7 +9,8 @@ from fedjax_lab.models import MLP, Classifier, LogisticRegression
 
 
 def test_fedprox_synthetic_is_deterministic_and_follows_the_generator():
-    a, b = fedprox_synthetic(1.0, 1.0, num_clients=30, seed=0), fedprox_synthetic(1.0, 1.0, num_clients=30, seed=0)
+    a, b = (fedprox_synthetic(1.0, 1.0, num_clients=30, seed=0),
+            fedprox_synthetic(1.0, 1.0, num_clients=30, seed=0))
     np.testing.assert_array_equal(a.train["x"], b.train["x"])
     assert a.num_clients == 30 and a.input_shape == (60,) and a.num_classes == 10
     totals = a.client_train_counts + a.client_test_counts
@@ -20,7 +21,8 @@ def test_fedprox_synthetic_is_deterministic_and_follows_the_generator():
 
 
 def test_fedprox_synthetic_beta_controls_how_far_client_inputs_drift():
-    """Client input means are v_k ~ N(B_k, 1) with B_k ~ N(0, beta): their spread is about sqrt(1 + beta^2)."""
+    """Client input means are v_k ~ N(B_k, 1) with B_k ~ N(0, beta): their spread is about sqrt(1 +
+    beta^2)."""
 
     def spread_of_client_means(data):
         big = data.client_train_counts >= 40  # tiny clients' sample means are noisy

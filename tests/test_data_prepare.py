@@ -1,5 +1,5 @@
-"""``fedjax-lab data prepare``: the offline archives built from files in the official formats (made here, small),
-verified by MD5, read back bit for bit, and a config run on them with no ../shared."""
+"""``fedjax-lab data prepare``: the offline archives built from files in the official formats (made here,
+small), verified by MD5, read back bit for bit, and a config run on them with no ../shared."""
 
 import dataclasses
 import gzip
@@ -27,8 +27,9 @@ def cifar10_tarball(path, train_per_batch=24, test=20):
 
     batches = {f"data_batch_{i}": batch(train_per_batch) for i in range(1, 6)}
     batches["test_batch"] = batch(test)
-    batches["batches.meta"] = {b"label_names": [n.encode() for n in ("airplane", "automobile", "bird", "cat", "deer",
-                                                                      "dog", "frog", "horse", "ship", "truck")]}
+    batches["batches.meta"] = {b"label_names": [n.encode() for n in ("airplane", "automobile", "bird", "cat",
+                                                                      "deer", "dog", "frog", "horse", "ship",
+                                                                      "truck")]}
     with tarfile.open(path, "w:gz") as archive:
         for name, content in batches.items():
             blob = pickle.dumps(content, protocol=2)
@@ -89,7 +90,8 @@ def test_a_file_that_is_not_the_official_one_is_refused_with_both_checksums(tmp_
     source = tmp_path / "downloaded"
     source.mkdir()
     cifar10_tarball(source / "cifar-10-python.tar.gz")  # not the official file: its MD5 differs
-    assert main(["data", "prepare", "cifar10", "--from", str(source), "--data-dir", str(tmp_path / "data")]) == 2
+    assert main(["data", "prepare", "cifar10", "--from", str(source), "--data-dir",
+                 str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err
     assert "c58f30108f718f92721af3b95e74349a" in err and prep.md5(source / "cifar-10-python.tar.gz") in err
     assert not (tmp_path / "data" / "cifar10").exists()
@@ -116,9 +118,10 @@ def test_a_config_runs_on_an_archive_built_here_with_no_shared_data(tmp_path, mo
     cifar10_tarball(source / "cifar-10-python.tar.gz", train_per_batch=40)
     official(monkeypatch, "cifar10", source)
     data = tmp_path / "data"
-    assert main(["data", "prepare", "cifar10", "--from", str(source), "--data-dir", str(data), "--no-progress"]) == 0
-    tiny = ["dataset.partition={name: iid, num_clients: 4}", "rounds.clients_per_round=2", "rounds.num_rounds=2",
-            "eval.every=1", "client.local_epochs=1", f"dataset.data_dir={data}"]
+    assert main(["data", "prepare", "cifar10", "--from", str(source), "--data-dir", str(data),
+                 "--no-progress"]) == 0
+    tiny = ["dataset.partition={name: iid, num_clients: 4}", "rounds.clients_per_round=2",
+            "rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1", f"dataset.data_dir={data}"]
     config = str(prep.Path(__file__).resolve().parents[1] / "configs" / "cifar10_fedavg.yaml")
     assert main(["run", config, *tiny, "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
     assert (tmp_path / "run" / "summary.json").is_file()

@@ -1,4 +1,5 @@
-"""Data sources: local archives, WebP decoding, image folders, Shakespeare, server data, configs end to end."""
+"""Data sources: local archives, WebP decoding, image folders, Shakespeare, server data, configs end to
+end."""
 
 import io
 import threading
@@ -31,8 +32,9 @@ def _webp_archive(path, images, labels):
         Image.fromarray(image).save(buffer, format="WEBP", lossless=True)
         blobs.append(np.frombuffer(buffer.getvalue(), np.uint8))
     offsets = np.cumsum([0] + [len(b) for b in blobs])
-    np.savez(path, x_train_webp=np.concatenate(blobs), x_train_offsets=offsets, x_test_webp=np.concatenate(blobs),
-             x_test_offsets=offsets, y_train=labels, y_test=labels, label_names=np.array(["a", "b"]))
+    np.savez(path, x_train_webp=np.concatenate(blobs), x_train_offsets=offsets,
+             x_test_webp=np.concatenate(blobs), x_test_offsets=offsets, y_train=labels, y_test=labels,
+             label_names=np.array(["a", "b"]))
 
 
 def test_webp_archive_decodes_losslessly_and_is_cached(tmp_path, monkeypatch):
@@ -67,7 +69,8 @@ def test_image_folder_rejects_mixed_sizes(tmp_path):
 
 
 def test_missing_archive_names_the_field_and_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="dataset.data_dir: cifar10 archive not found at .*cifar10_webp"):
+    with pytest.raises(FileNotFoundError, match="dataset.data_dir: cifar10 archive not found at "
+                                                ".*cifar10_webp"):
         local_archive("cifar10", tmp_path)
     with pytest.raises(ValueError, match="no local archive for 'svhn_cropped'"):
         local_archive("svhn_cropped", tmp_path)
@@ -123,7 +126,8 @@ def test_withheld_classes_never_reach_clients():
 
 
 def test_webp_cache_survives_two_runs_decoding_at_once(tmp_path, monkeypatch):
-    """Two runs that miss the cache together both write it; neither may rename the other's half-written file."""
+    """Two runs that miss the cache together both write it; neither may rename the other's half-written
+    file."""
     monkeypatch.setenv("FEDJAX_LAB_CACHE", str(tmp_path / "cache"))
     images = np.random.RandomState(1).randint(0, 256, (4, 8, 8, 3)).astype(np.uint8)
     _webp_archive(tmp_path / "tiny_webp.npz", images, np.array([0, 1, 1, 0], np.uint8))

@@ -19,9 +19,9 @@ DOC = pathlib.Path(__file__).parent.parent / "docs" / "extending.md"
 
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
-    """The doc's code: blocks headed ``# file: PATH`` are written to an importable folder at PATH, and the method's
-    package is imported (which registers it; it is unregistered afterwards); the others run in order in one
-    namespace."""
+    """The doc's code: blocks headed ``# file: PATH`` are written to an importable folder at PATH, and the
+    method's package is imported (which registers it; it is unregistered afterwards); the others run in order
+    in one namespace."""
     folder = tmp_path_factory.mktemp("doc_methods")
     sys.path.insert(0, str(folder))
     namespace = {}
@@ -55,13 +55,16 @@ def test_fedsgd_example_takes_one_gradient_step_per_round(doc, tiny_data, tiny_c
     n = tiny_data.num_clients
     params = tiny_classifier.init(jax.random.key(0))
     inputs = RoundInputs(randomness.base_key(0), jax.device_put(tiny_data.train),
-                         jnp.asarray(tiny_data.client_train_ids), jnp.asarray(tiny_data.client_train_counts), {})
+                         jnp.asarray(tiny_data.client_train_ids), jnp.asarray(tiny_data.client_train_counts),
+                         {})
     state, _ = make_run_rounds(algorithm, CohortPlan(n, n))(init_loop_state(algorithm, params, n), inputs, 1)
     # batch 64 > every client's size, and all clients take part: one full-batch gradient step on all the data.
     batch = {"x": jnp.asarray(tiny_data.train["x"]), "y": jnp.asarray(tiny_data.train["y"]),
              "mask": jnp.ones(len(tiny_data.train["y"]))}
-    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, jax.grad(loss_fn, has_aux=True)(params, batch, None)[0])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state.server_state, expected)
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params,
+                            jax.grad(loss_fn, has_aux=True)(params, batch, None)[0])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state.server_state,
+                 expected)
 
 
 def test_server_step_plugin_moves_the_model_towards_the_server_data(doc, tiny_data, tiny_classifier):
@@ -70,16 +73,18 @@ def test_server_step_plugin_moves_the_model_towards_the_server_data(doc, tiny_da
     walked = ns["walked"]
     server = {"x": jnp.asarray(tiny_data.test["x"]), "y": jnp.asarray(tiny_data.test["y"])}
     inputs = RoundInputs(randomness.base_key(0), jax.device_put(tiny_data.train),
-                         jnp.asarray(tiny_data.client_train_ids), jnp.asarray(tiny_data.client_train_counts), server)
+                         jnp.asarray(tiny_data.client_train_ids), jnp.asarray(tiny_data.client_train_counts),
+                         server)
     state = init_loop_state(walked, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients)
-    state, metrics = make_run_rounds(walked, CohortPlan(tiny_data.num_clients, 4))(state, inputs, num_rounds=30)
+    state, metrics = make_run_rounds(walked, CohortPlan(tiny_data.num_clients, 4))(state, inputs,
+                                                                                   num_rounds=30)
     assert np.all(np.isfinite(metrics["server_loss"]))
     assert metrics["server_loss"][-5:].mean() < metrics["server_loss"][:5].mean()
 
 
 def _raw(algorithm):
-    return {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
-                        "num_classes": 3},
+    return {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                        "dimension": 4, "num_classes": 3},
             "model": {"name": "mlp", "hidden": [8]}, "algorithm": algorithm,
             "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.5},
             "rounds": {"num_rounds": 2, "clients_per_round": 3}, "eval": {"every": 2, "per_client": False}}
@@ -113,7 +118,9 @@ def test_the_docs_new_method_does_what_it_says(doc):
 def test_a_field_the_docs_method_lacks_is_rejected_naming_it(doc):
     from fedjax_lab.experiments import ConfigError, validate
 
-    with pytest.raises(ConfigError, match="algorithm.mu: fedclip has no field 'mu' \\(it is a field of fedprox, moon\\)"):
+    with pytest.raises(ConfigError,
+                       match="algorithm.mu: fedclip has no field 'mu' \\(it is a field of fedprox, moon\\)"):
+
         validate(_raw({"name": "fedclip", "mu": 0.1}))
 
 

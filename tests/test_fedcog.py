@@ -1,5 +1,5 @@
-"""FedCOG: the label shares, the generation, the distillation's start at zero, and the plug-in on five bases, which
-before its start round (or with nothing generated) is its base exactly."""
+"""FedCOG: the label shares, the generation, the distillation's start at zero, and the plug-in on five bases,
+which before its start round (or with nothing generated) is its base exactly."""
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,8 @@ def test_generation_lowers_its_loss_and_the_distillation_starts_at_zero(tiny_cla
     generated = generate(apply, global_vars, local_vars, labels, jax.random.key(2), (5,), steps=50)
     assert float(generated.loss_best) < float(generated.loss_start) - 0.2
     # Lemma 5.5: at the first local step the student is the global model, whose logits are the cached teacher.
-    np.testing.assert_allclose(generated.teacher_logits, apply(global_vars, generated.inputs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(generated.teacher_logits, apply(global_vars, generated.inputs), rtol=1e-5,
+                               atol=1e-6)
     kd = lambda v: softened_kl(apply(v, generated.inputs), generated.teacher_logits, jnp.ones(32))
     assert abs(float(kd(global_vars))) < 1e-6
     assert float(optax_norm(jax.grad(kd)(global_vars))) < 1e-5
@@ -60,8 +61,8 @@ def assert_trees_equal(a, b):
 
 
 def _run(algorithm, rounds=3):
-    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
-                       "num_classes": 3, "label_alpha": 0.3},
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                       "dimension": 4, "num_classes": 3, "label_alpha": 0.3},
            "model": {"name": "mlp", "hidden": [8]}, "algorithm": algorithm,
            "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.1},
            "rounds": {"num_rounds": rounds, "clients_per_round": 3}}
@@ -80,7 +81,8 @@ def test_before_its_start_round_or_with_no_samples_fedcog_is_its_base_exactly(ba
     for fedcog in ({"start_round": 100}, {"num_samples": 0}):
         got, _ = _run(_plugged(base, **fedcog))
         assert_trees_equal(got.server_state.params, expected.server_state.params)
-        # The base's own state (SCAFFOLD's controls, MOON's previous models, the server momentum) as the base has it.
+        # The base's own state (SCAFFOLD's controls, MOON's previous models, the server momentum) as the base
+        # has it.
         for name, state in expected.server_state.components.items():
             assert_trees_equal(got.server_state.components[name], state)
         for name, state in expected.client_states.items():
@@ -89,12 +91,14 @@ def test_before_its_start_round_or_with_no_samples_fedcog_is_its_base_exactly(ba
 
 
 @pytest.mark.parametrize("kd_weighting", ["fixed", "size"])
-def test_from_its_start_round_fedcog_changes_the_round_keeps_each_clients_previous_model_and_reports_its_generation(
+def test_from_start_round_fedcog_changes_the_round_keeps_previous_models_reports_generation(
         kd_weighting):
     base, _ = _run({"name": "fedavg"}, rounds=1)
-    first, _ = _run(_plugged({"name": "fedavg"}, start_round=1, kd_weighting=kd_weighting, lambda_kd=1.0), rounds=1)
+    first, _ = _run(_plugged({"name": "fedavg"}, start_round=1, kd_weighting=kd_weighting, lambda_kd=1.0),
+                    rounds=1)
     assert_trees_equal(first.server_state.params, base.server_state.params)
-    later, metrics = _run(_plugged({"name": "fedavg"}, start_round=1, kd_weighting=kd_weighting, lambda_kd=1.0))
+    later, metrics = _run(_plugged({"name": "fedavg"}, start_round=1, kd_weighting=kd_weighting,
+                                   lambda_kd=1.0))
     plain, _ = _run({"name": "fedavg"})
     moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(later.server_state.params),
                                                           jax.tree.leaves(plain.server_state.params))]

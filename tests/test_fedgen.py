@@ -1,5 +1,5 @@
-"""FedGen: FedAvg exactly when off (alpha = beta = 0, or round 0), the generator's training, its label weights and
-diversity, the teacher term's reach, and the plug-in on another base in the compiled loop."""
+"""FedGen: FedAvg exactly when off (alpha = beta = 0, or round 0), the generator's training, its label weights
+and diversity, the teacher term's reach, and the plug-in on another base in the compiled loop."""
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +17,8 @@ from fedjax_lab.methods.fedgen import (
     train_generator,
 )
 
-SMALL = {"noise_dim": 4, "hidden": 16, "generator_steps": 5, "generator_batch_size": 8, "teacher_batch_size": 8}
+SMALL = {"noise_dim": 4, "hidden": 16, "generator_steps": 5, "generator_batch_size": 8,
+         "teacher_batch_size": 8}
 
 
 def assert_trees_equal(a, b):
@@ -28,15 +29,16 @@ def assert_trees_equal(a, b):
 
 def _run(algorithm, rounds=3):
     """The states after each round and the stacked metrics (one compilation: a round at a time)."""
-    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12, "dimension": 4,
-                       "num_classes": 3, "label_alpha": 0.3},
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                       "dimension": 4, "num_classes": 3, "label_alpha": 0.3},
            "model": {"name": "mlp", "hidden": [8]}, "algorithm": algorithm,
            "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.1},
            "rounds": {"num_rounds": rounds, "clients_per_round": 3}}
     experiment = build_experiment(validate(raw))
     states, metrics = [experiment.initial_state()], []
     for _ in range(rounds):
-        state, m = experiment.run_rounds(jax.tree.map(jnp.copy, states[-1]), experiment.inputs,  # kept: not donated
+        # kept: not donated
+        state, m = experiment.run_rounds(jax.tree.map(jnp.copy, states[-1]), experiment.inputs,
                                          num_rounds=1)
         states.append(state)
         metrics.append(m)
@@ -75,8 +77,8 @@ def test_the_generator_lowers_its_loss_and_the_fixed_heads_classify_its_features
     counts = jnp.array([[5, 0, 1, 0], [0, 3, 2, 0], [1, 1, 0, 0]])  # label 3: nobody's
     component = fedgen(tiny_classifier, 4, jax.random.key(1), noise_dim=4, hidden=32)
     state = component.server_init(None)
-    trained, m = train_generator(Generator(4, 32, (8,)), state, heads, counts, jnp.ones(3, bool), jax.random.key(2),
-                                 steps=150, learning_rate=1e-2, batch_size=32, noise_dim=4)
+    trained, m = train_generator(Generator(4, 32, (8,)), state, heads, counts, jnp.ones(3, bool),
+                                 jax.random.key(2), steps=150, learning_rate=1e-2, batch_size=32, noise_dim=4)
     assert (float(m["fedgen_teacher_loss_end"] + m["fedgen_diversity_loss_end"])
             < float(m["fedgen_teacher_loss_start"] + m["fedgen_diversity_loss_start"]) - 0.1)
     weights, _ = label_weights(counts, jnp.ones(3, bool))
@@ -126,5 +128,6 @@ def test_fedgen_plugs_into_scaffold_in_the_compiled_loop():
     assert set(state.server_state.components) == {"scaffold", "fedgen"}
     assert int(state.server_state.components["fedgen"].round) == 3
     for name in ("fedgen_teacher_loss_start", "fedgen_teacher_loss_end", "fedgen_diversity_loss_end"):
-        assert metrics[name].shape == (3,) and np.all(np.isfinite(metrics[name])) and np.all(metrics[name] > 0)
+        assert (metrics[name].shape == (3,) and np.all(np.isfinite(metrics[name]))
+                and np.all(metrics[name] > 0))
     assert np.all(np.isfinite(metrics["train_loss"]))

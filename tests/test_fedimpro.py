@@ -1,5 +1,5 @@
-"""FedImpro: the per-class statistics and their pooling, no gradient from sampled features into the lower part,
-and with the sampled features' weight at zero the round of its base exactly."""
+"""FedImpro: the per-class statistics and their pooling, no gradient from sampled features into the lower
+part, and with the sampled features' weight at zero the round of its base exactly."""
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,8 @@ def test_pooled_statistics_equal_the_moments_of_the_union_with_empty_and_single_
     rows = [(rng.normal(size=(5, 4)), np.array([0, 0, 1, 1, 0])),
             (rng.normal(size=(4, 4)), np.array([1, 2, 0, 1])),
             (rng.normal(size=(3, 4)), np.array([1, 1, 1]))]
-    moments = [batch_class_moments(jnp.asarray(h, jnp.float32), jnp.asarray(y), jnp.ones(len(y)), 3) for h, y in rows]
+    moments = [batch_class_moments(jnp.asarray(h, jnp.float32), jnp.asarray(y), jnp.ones(len(y)), 3)
+               for h, y in rows]
     counts, means, spreads = (jnp.stack([m[i] for m in moments]) for i in range(3))
     previous = FeatureStats(jnp.full((3, 4), 7.0), jnp.full((3, 4), 9.0))
     pooled = aggregate_stats(means, spreads, counts, jnp.ones(3, bool), previous, "pooled")
@@ -62,8 +63,10 @@ def test_the_codes_moving_average_weight_is_the_feature_size_over_ema_examples_f
     np.testing.assert_allclose(new.mean[0], 0.25 * jnp.array([2.0, 3.0]))  # D / 8 = 1/4 whatever n_c
     np.testing.assert_allclose(new.mean[1], 0.25 * jnp.array([10.0, 10.0]))
     np.testing.assert_array_equal(new.mean[2], 0.0)  # absent classes stay
-    replaced = update_stats(stats, h, y, mask, ema_examples=2.0, spread_cap=None, moving_average="feature_size")
-    np.testing.assert_allclose(replaced.mean[0], [2.0, 3.0])  # D >= ema_examples: the batch replaces the estimate
+    replaced = update_stats(stats, h, y, mask, ema_examples=2.0, spread_cap=None,
+                            moving_average="feature_size")
+    # D >= ema_examples: the batch replaces the estimate
+    np.testing.assert_allclose(replaced.mean[0], [2.0, 3.0])
 
 
 def _image_classifier():
@@ -93,7 +96,8 @@ def _run(image_root, algorithm, rounds=2):
                        "partition": {"name": "dirichlet", "num_clients": 6, "alpha": 0.3}},
            "model": {"name": "simple_cnn"}, "algorithm": algorithm,
            "client": {"batch_size": 8, "local_steps": 3, "learning_rate": 0.05},
-           "rounds": {"num_rounds": rounds, "clients_per_round": 3}, "eval": {"every": rounds, "per_client": False}}
+           "rounds": {"num_rounds": rounds, "clients_per_round": 3},
+           "eval": {"every": rounds, "per_client": False}}
     experiment = build_experiment(validate(raw))
     return experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=rounds)
 
@@ -106,5 +110,6 @@ def test_with_zero_weight_fedimpro_is_fedavg_exactly_and_otherwise_moves_it(imag
     stats = got.server_state.components["fedimpro"].stats
     assert float(stats.spread.min()) >= 0 and float(metrics["fedimpro_feature_distance"][-1]) > 0
     moved, _ = _run(image_root, {"name": "fedimpro", "weight_schedule": "constant"})
-    assert max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(moved.server_state.params),
-                                                          jax.tree.leaves(expected.server_state.params))) > 1e-5
+    assert max(float(jnp.abs(a - b).max())
+               for a, b in zip(jax.tree.leaves(moved.server_state.params),
+                               jax.tree.leaves(expected.server_state.params))) > 1e-5

@@ -20,7 +20,8 @@ from fedjax_lab.methods.fedreg import (
 
 def _trees(seed, n=3):
     keys = jax.random.split(jax.random.key(seed), n)
-    return [{"a": jax.random.normal(k, (4, 3)), "b": jax.random.normal(jax.random.fold_in(k, 1), (5,))} for k in keys]
+    return [{"a": jax.random.normal(k, (4, 3)), "b": jax.random.normal(jax.random.fold_in(k, 1), (5,))}
+            for k in keys]
 
 
 def test_the_projection_removes_the_displacements_ascent_components():
@@ -37,18 +38,20 @@ def test_the_projection_removes_the_displacements_ascent_components():
     np.testing.assert_allclose(project_displacement(descent, g2, g2)["a"], 0.0)
 
 
-def test_pseudo_and_perturbed_data_ascend_the_global_loss_within_their_step_budget(tiny_data, tiny_classifier):
+def test_pseudo_and_perturbed_data_ascend_the_global_loss_within_their_step_budget(tiny_data,
+                                                                                   tiny_classifier):
     variables = tiny_classifier.init(jax.random.key(0))
     batch = {"x": jnp.asarray(tiny_data.train["x"][:16]), "y": jnp.asarray(tiny_data.train["y"][:16]),
              "mask": jnp.ones(16)}
     r = regularisation_data(tiny_classifier, variables, batch, jax.random.key(1), 4, 5, 0.1, 0.01)
     assert float(jnp.abs(r.perturbed_x - batch["x"]).max()) <= 5 * 0.01 + 1e-5
     assert float(jnp.abs(r.pseudo_x - batch["x"]).max()) <= 5 * 0.1 + 1e-5
-    loss = lambda x: float(soft_cross_entropy(tiny_classifier.predict(variables, x), r.perturbed_targets, r.mask))
+    loss = lambda x: float(soft_cross_entropy(tiny_classifier.predict(variables, x), r.perturbed_targets,
+                                              r.mask))
     assert loss(r.pseudo_x) > loss(r.perturbed_x) > loss(batch["x"])
     np.testing.assert_allclose(r.pseudo_targets.sum(-1), 1.0, rtol=1e-6)  # the global model's soft labels
-    np.testing.assert_allclose(r.pseudo_targets, jax.nn.softmax(tiny_classifier.predict(variables, r.pseudo_x)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(r.pseudo_targets,
+                               jax.nn.softmax(tiny_classifier.predict(variables, r.pseudo_x)), rtol=1e-5)
 
 
 def test_after_each_step_the_displacement_does_not_raise_the_perturbed_loss(tiny_data, tiny_classifier):

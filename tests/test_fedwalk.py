@@ -1,5 +1,5 @@
-"""FedWalk's defining properties: a closed gate is the base algorithm, an open gate adds the leash steps after the
-base's aggregation, SCAFFOLD's controls are untouched, and the gate and the EMA follow Eq. 5 and Eq. 7."""
+"""FedWalk's defining properties: a closed gate is the base algorithm, an open gate adds the leash steps after
+the base's aggregation, SCAFFOLD's controls are untouched, and the gate and the EMA follow Eq. 5 and Eq. 7."""
 
 import jax
 import jax.numpy as jnp
@@ -99,15 +99,17 @@ def test_open_gate_takes_the_leash_steps_after_the_base_aggregation(tiny_data, t
 def test_scaffold_plus_fedwalk_keeps_scaffolds_control_variates(tiny_data, tiny_classifier, leash_setup):
     leash, inputs = leash_setup
     base = _bases(tiny_classifier)["scaffold"]
-    walked, _ = _run(_walk(base, leash, tau=jnp.inf, num_steps=2), tiny_classifier, tiny_data, inputs, rounds=1)
+    walked, _ = _run(_walk(base, leash, tau=jnp.inf, num_steps=2), tiny_classifier, tiny_data, inputs,
+                     rounds=1)
     alone, _ = _run(base, tiny_classifier, tiny_data, inputs, rounds=1)
     # Same round from the same model: the controls are SCAFFOLD's bit for bit, only the model has moved.
-    assert_trees_close(walked.server_state.base.components["scaffold"], alone.server_state.components["scaffold"],
-                       rtol=0, atol=0)
+    assert_trees_close(walked.server_state.base.components["scaffold"],
+                       alone.server_state.components["scaffold"], rtol=0, atol=0)
     assert_trees_close(walked.client_states, alone.client_states, rtol=0, atol=0)
     assert not np.allclose(jax.tree.leaves(walked.server_state.base.params)[0],
                            jax.tree.leaves(alone.server_state.params)[0])
-    # Later rounds: clients correct with c - c_k and the server keeps averaging control deltas as SCAFFOLD does.
+    # Later rounds: clients correct with c - c_k and the server keeps averaging control deltas as SCAFFOLD
+    # does.
     state, _ = _run(_walk(base, leash, tau=jnp.inf), tiny_classifier, tiny_data, inputs, rounds=4)
     mean_client = jax.tree.map(lambda c: jnp.mean(c, 0), state.client_states["scaffold"])
     assert_trees_close(state.server_state.base.components["scaffold"], mean_client, rtol=1e-4, atol=1e-6)
@@ -118,7 +120,8 @@ def test_gate_opens_exactly_when_log2_of_the_loss_ratio_is_below_tau():
     assert not bool(gate_is_open(jnp.float32(1.0), jnp.float32(0.6), 0.5))   # log2(1/0.6) = 0.74
     assert bool(gate_is_open(jnp.float32(1.0), jnp.float32(2.1), -1.0))      # Ls > 2 Lc
     assert not bool(gate_is_open(jnp.float32(1.0), jnp.float32(1.9), -1.0))
-    assert bool(gate_is_open(jnp.float32(0.5), jnp.float32(UNMEASURED_LEASH_LOSS), 3.0))  # round 1 always opens
+    # round 1 always opens
+    assert bool(gate_is_open(jnp.float32(0.5), jnp.float32(UNMEASURED_LEASH_LOSS), 3.0))
     assert not bool(gate_is_open(jnp.float32(0.5), jnp.float32(UNMEASURED_LEASH_LOSS), -jnp.inf))
 
 
@@ -140,17 +143,20 @@ def test_client_loss_ema_follows_eq5_and_leash_loss_moves_only_with_the_leash(ti
         assert bool(opened[r]) == bool(ls[r - 1] > 2.0 * ema[r])
 
 
-def test_client_loss_is_the_evaluation_mode_loss_of_the_final_model_on_the_clients_data(tiny_data, tiny_classifier):
+def test_client_loss_is_the_evaluation_mode_loss_of_the_final_model_on_the_clients_data(tiny_data,
+                                                                                        tiny_classifier):
     k = 1  # 25 examples; a sample larger than the client covers all of them
     client = ClientData(jnp.int32(k), jnp.asarray(tiny_data.client_train_ids[k]),
                         jnp.int32(tiny_data.client_train_counts[k]))
     arrays = jax.device_put(tiny_data.train)
     trained = tiny_classifier.init(jax.random.key(5))
     view = ClientView(None, (), (), client, arrays, jax.random.key(2), jnp.float32(LR))
-    reported, _ = client_loss_report(tiny_classifier, "final", 64).finish(view, LocalResult(trained, None, None))
+    reported, _ = client_loss_report(tiny_classifier, "final", 64).finish(view,
+                                                                          LocalResult(trained, None, None))
     n = int(client.num_examples)
     rows = tiny_data.client_train_ids[k, :n]
-    whole = tiny_classifier.eval_loss(trained, {"x": arrays["x"][rows], "y": arrays["y"][rows], "mask": jnp.ones(n)})
+    whole = tiny_classifier.eval_loss(trained, {"x": arrays["x"][rows], "y": arrays["y"][rows],
+                                                "mask": jnp.ones(n)})
     np.testing.assert_allclose(float(reported), float(whole), rtol=1e-5)
 
 
@@ -165,7 +171,8 @@ def test_the_leash_never_applies_the_clients_augmentation(tiny_classifier, leash
     params = tiny_classifier.init(jax.random.key(0))
     head = walked_leash.init_head(jax.random.key(1), params)
     # The leash set has no 'noise_std': with the clients' augmentation this would fail.
-    trained, _ = leash_steps(walked_leash, params, head, inputs.server_arrays, jax.random.key(2), optax.sgd(LR), 2, 8)
+    trained, _ = leash_steps(walked_leash, params, head, inputs.server_arrays, jax.random.key(2),
+                             optax.sgd(LR), 2, 8)
     assert_trees_close(trained, leash_steps(leash, params, head, inputs.server_arrays, jax.random.key(2),
                                             optax.sgd(LR), 2, 8)[0], rtol=0, atol=0)
 
@@ -173,8 +180,8 @@ def test_the_leash_never_applies_the_clients_augmentation(tiny_classifier, leash
 def test_pretraining_lowers_the_leash_loss_and_leaves_the_fl_head(tiny_classifier, leash_setup):
     leash, inputs = leash_setup
     params = tiny_classifier.init(jax.random.key(0))
-    trained, head = pretrain_on_leash(leash, params, jax.random.key(1), inputs.server_arrays, jax.random.key(3),
-                                      num_steps=40, learning_rate=0.2, batch_size=16)
+    trained, head = pretrain_on_leash(leash, params, jax.random.key(1), inputs.server_arrays,
+                                      jax.random.key(3), num_steps=40, learning_rate=0.2, batch_size=16)
     initial_head = leash.init_head(jax.random.key(1), params)
     before = leash.evaluate(params, initial_head, inputs.server_arrays, jax.random.key(0), 40)
     after = leash.evaluate(trained, head, inputs.server_arrays, jax.random.key(0), 40)
@@ -198,7 +205,8 @@ def _image_config(image_root, other_image_root, fedwalk=None, **algorithm):
 def test_fedwalk_without_a_leash_set_fails_validation_naming_the_field(image_root, other_image_root):
     raw = _image_config(image_root, other_image_root, fedwalk={"tau": 0.5})
     del raw["dataset"]["server_data"]
-    with pytest.raises(ConfigError, match="algorithm: fedwalk needs data held by the server: set dataset.server_data"):
+    with pytest.raises(ConfigError, match="algorithm: fedwalk needs data held by the server: set "
+                                          "dataset.server_data"):
         validate(raw)
 
 
@@ -210,14 +218,17 @@ def test_leash_classes_are_chosen_by_name_and_relabelled_in_list_order(image_roo
     assert (blue_first[..., 2].mean() > 150) and (red_second[..., 0].mean() > 150)
     raw = _image_config(image_root, other_image_root, fedwalk={})
     raw["dataset"]["server_data"]["classes"] = ["blue", "rde"]
-    with pytest.raises(ConfigError, match="dataset.server_data.classes: .* no class 'rde'; did you mean 'red'"):
+    with pytest.raises(ConfigError, match="dataset.server_data.classes: .* no class 'rde'; did "
+                                          "you mean 'red'"):
         build_experiment(validate(raw))
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "scaffold", "fedwalk": {"steps": 2}},
-                                       {"name": "fedavg", "fedwalk": {"mode": "pretrain", "pretrain_steps": 3}}])
+                                       {"name": "fedavg", "fedwalk": {"mode": "pretrain",
+                                                                      "pretrain_steps": 3}}])
 def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, other_image_root, tmp_path, algorithm):
-    summary = run_experiment(validate(_image_config(image_root, other_image_root, **algorithm)), tmp_path, progress=False)
+    summary = run_experiment(validate(_image_config(image_root, other_image_root, **algorithm)), tmp_path,
+                             progress=False)
     rows = read_metrics(tmp_path)
     assert np.isfinite(summary["final"]["test_loss"]) and summary["diverged"] is None
     if algorithm["fedwalk"].get("mode") == "pretrain":
@@ -227,14 +238,17 @@ def test_fedwalk_runs_from_a_config_and_logs_its_gate(image_root, other_image_ro
 
 
 def test_pretrained_fedwalk_starts_from_the_pretrained_model_and_leash_head(image_root, other_image_root):
-    scratch = build_experiment(validate(_image_config(image_root, other_image_root, fedwalk={}))).initial_state()
-    experiment = build_experiment(validate(_image_config(image_root, other_image_root, fedwalk={"pretrain_steps": 5})))
+    scratch = build_experiment(validate(_image_config(image_root, other_image_root,
+                                                      fedwalk={}))).initial_state()
+    experiment = build_experiment(validate(_image_config(image_root, other_image_root,
+                                                         fedwalk={"pretrain_steps": 5})))
     state = experiment.initial_state()
     head_key = component_key(randomness.init_key(randomness.base_key(0)), "fedwalk")
     leash = LeashTask(experiment.classifier, 2)
-    params, head = pretrain_on_leash(leash, experiment.classifier.init(randomness.init_key(experiment.inputs.key)),
-                                     head_key, jax.device_put(experiment.dataset.server), jax.random.fold_in(head_key, 1), 5, 0.05,
-                                     batch_size=64)
+    params, head = pretrain_on_leash(leash,
+                                     experiment.classifier.init(randomness.init_key(experiment.inputs.key)),
+                                     head_key, jax.device_put(experiment.dataset.server),
+                                     jax.random.fold_in(head_key, 1), 5, 0.05, batch_size=64)
     assert_trees_close(state.server_state.base.params, params, rtol=1e-6, atol=1e-7)
     assert_trees_close(state.server_state.leash_head, head, rtol=1e-6, atol=1e-7)
     assert not np.allclose(jax.tree.leaves(head)[0], jax.tree.leaves(scratch.server_state.leash_head)[0])

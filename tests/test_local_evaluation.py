@@ -32,8 +32,8 @@ def test_personalized_accuracy_weighs_each_class_by_the_clients_share():
 
 
 def test_a_run_reports_its_local_models_when_asked(tmp_path):
-    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 20, "dimension": 4,
-                       "num_classes": 3, "label_alpha": 0.2},
+    raw = {"dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 20,
+                       "dimension": 4, "num_classes": 3, "label_alpha": 0.2},
            "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "fedavg"},
            "client": {"local_steps": 5, "batch_size": 4, "learning_rate": 0.1},
            "rounds": {"num_rounds": 4, "clients_per_round": 3}, "eval": {"every": 2, "local_models": 6}}

@@ -13,10 +13,12 @@ DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "synthetic_fedavg.yaml"
 TINY = ["rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1", "dataset.num_clients=6",
         "rounds.clients_per_round=3"]
-KINDS = {  # the synchronous round with a method's own metrics and the training-set evaluation, the asynchronous
+KINDS = {
+    # the synchronous round with a method's own metrics and the training-set evaluation, the asynchronous
     # round with another
     "bherd": ["algorithm={name: bherd, alpha: 0.5}", "eval.train=true"],
-    "fedasync": ["algorithm.name=fedasync", "algorithm.buffer_size=2", "asynchrony={delay: half_normal, sigma: 1}"],
+    "fedasync": ["algorithm.name=fedasync", "algorithm.buffer_size=2",
+                 "asynchrony={delay: half_normal, sigma: 1}"],
 }
 
 

@@ -68,7 +68,8 @@ def test_lower_then_upper_equals_the_whole_network(module, split):
     h = module.apply(variables, x, split, method="lower")
     np.testing.assert_allclose(module.apply(variables, h, split, method="upper"), module.apply(variables, x),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(module.apply(variables, module.apply(variables, x, method="features"), method="head"),
+    np.testing.assert_allclose(module.apply(variables, module.apply(variables, x, method="features"),
+                                            method="head"),
                                module.apply(variables, x), rtol=1e-5, atol=1e-5)
 
 
@@ -84,8 +85,8 @@ def test_resnet18_splits_have_fedimpro_feature_shapes():
 
 def test_unknown_split_names_the_allowed_stages():
     with pytest.raises(ValueError, match="allowed: \\['conv1', 'conv2', 'fc1', 'fc2'\\]"):
-        SimpleCNN(10).apply(SimpleCNN(10).init(jax.random.key(0), jnp.zeros((1,) + CIFAR)), jnp.zeros((1,) + CIFAR),
-                            "conv9", method="lower")
+        SimpleCNN(10).apply(SimpleCNN(10).init(jax.random.key(0), jnp.zeros((1,) + CIFAR)),
+                            jnp.zeros((1,) + CIFAR), "conv9", method="lower")
 
 
 @pytest.mark.parametrize("lowering", ["im2col", "banded"])
@@ -106,8 +107,9 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
 
 @pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
 def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
-    """Whole-width slices reshaped into bands (the lowering's fast gradient) read the same columns as one slice
-    per band, also where the last slice runs past the input (padded), and the convolution's gradients match."""
+    """Whole-width slices reshaped into bands (the lowering's fast gradient) read the same columns as one
+    slice per band, also where the last slice runs past the input (padded), and the convolution's gradients
+    match."""
     from fedjax_lab.models.layers import band_rows, band_width
 
     x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
@@ -130,8 +132,10 @@ def test_strided_and_padded_lowerings_equal_xla_convolution(lowering, kernel, st
     x = jax.random.normal(jax.random.key(0), (2, 8, 7, 3))
     conv = lambda lowering: Conv(4, (kernel, kernel), padding, lowering=lowering, strides=(strides, strides))
     params = conv("xla").init(jax.random.key(1), x)
-    reference = jax.lax.conv_general_dilated(x, params["params"]["kernel"], (strides,) * 2, [(padding,) * 2] * 2,
-                                             dimension_numbers=("NHWC", "HWIO", "NHWC")) + params["params"]["bias"]
+    reference = (jax.lax.conv_general_dilated(x, params["params"]["kernel"], (strides,) * 2,
+                                              [(padding,) * 2] * 2,
+                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                 + params["params"]["bias"])
     np.testing.assert_allclose(conv("xla").apply(params, x), reference, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(conv(lowering).apply(params, x), reference, rtol=1e-4, atol=1e-4)
 
@@ -215,7 +219,8 @@ def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
 
     stats = [one_client(jnp.int32(k)) for k in range(4)]
     expected = jax.tree.map(lambda *s: sum(s) / 4, *stats)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new["batch_stats"], expected)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new["batch_stats"],
+                 expected)
 
 
 def test_masked_rows_do_not_enter_batch_statistics():

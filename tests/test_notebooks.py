@@ -1,5 +1,5 @@
-"""The notebooks run from top to bottom in a Jupyter kernel, as a reader runs them (the inline backend, nothing
-forced), do what they say, and show every figure they draw."""
+"""The notebooks run from top to bottom in a Jupyter kernel, as a reader runs them (the inline backend,
+nothing forced), do what they say, and show every figure they draw."""
 
 import pathlib
 
@@ -66,7 +66,8 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path, monkeypatch):
     notebook.cells.append(nbformat.v4.new_code_cell("from pathlib import Path\n" + CHECKS[path.name]))
     nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(work)}}).execute()
-    (tmp_path / path.name).write_text(nbformat.writes(notebook))  # the executed copy, for a look after a failure
+    # the executed copy, for a look after a failure
+    (tmp_path / path.name).write_text(nbformat.writes(notebook))
     drawing = [cell for cell in notebook.cells if cell.cell_type == "code" and draws(cell.source)]
     assert drawing, f"{path.name} draws no figure"
     for cell in drawing:

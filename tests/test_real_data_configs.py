@@ -1,4 +1,5 @@
-"""Configs on image data: bad input fails before compilation; tfds under mock data; server data; a short run."""
+"""Configs on image data: bad input fails before compilation; tfds under mock data; server data; a short
+run."""
 
 import numpy as np
 import pytest
@@ -39,7 +40,8 @@ def test_unknown_dataset_lists_the_image_datasets():
 def test_more_clients_than_examples_fails_before_compilation(image_root):
     config = _config(image_root, dataset={"partition": {"name": "iid", "num_clients": 91}},
                      rounds={"clients_per_round": 2})
-    with pytest.raises(ConfigError, match="num_clients must be <= the number of training examples \\(90\\), got 91"):
+    with pytest.raises(ConfigError, match="num_clients must be <= the number of training examples "
+                                          "\\(90\\), got 91"):
         build_experiment(config)
 
 
@@ -51,8 +53,9 @@ def test_image_shape_that_does_not_fit_the_model_fails_before_compilation(image_
 
 
 def test_missing_archive_fails_with_the_path(tmp_path):
-    config = validate({"dataset": {"name": "cifar10", "data_dir": str(tmp_path)}, "model": {"name": "simple_cnn"},
-                       "algorithm": {"name": "fedavg"}, "client": {"local_steps": 1}})
+    config = validate({"dataset": {"name": "cifar10", "data_dir": str(tmp_path)},
+                       "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
+                       "client": {"local_steps": 1}})
     with pytest.raises(ConfigError, match="dataset.data_dir: cifar10 archive not found at"):
         build_experiment(config)
 
@@ -70,7 +73,8 @@ def test_server_data_is_withheld_and_reaches_the_round(image_root):
     config = _config(image_root, dataset={"server_data": {"kind": "in_domain", "size": 12}})
     experiment = build_experiment(config)
     data = experiment.dataset
-    client_rows = np.concatenate([data.client_train_ids[k, :n] for k, n in enumerate(data.client_train_counts)])
+    client_rows = np.concatenate([data.client_train_ids[k, :n]
+                                  for k, n in enumerate(data.client_train_counts)])
     assert len(client_rows) == 78 and experiment.inputs.server_arrays["x"].shape == (12, 16, 16, 3)
     assert list(np.bincount(data.server["y"])) == [4, 4, 4]
 
@@ -87,7 +91,8 @@ def test_short_cnn_run_learns_and_writes_a_partition_report(image_root, tmp_path
     config = _config(image_root, rounds={"num_rounds": 6}, eval={"every": 3})
     summary = run_experiment(config, tmp_path / "run", progress=False)
     assert summary["final"]["test_accuracy"] > 0.6
-    assert (tmp_path / "run" / "partition.png").is_file() and "| **all** |" in (tmp_path / "run" / "partition.md").read_text()
+    assert ((tmp_path / "run" / "partition.png").is_file()
+            and "| **all** |" in (tmp_path / "run" / "partition.md").read_text())
 
 
 def test_saved_partition_reloads_to_the_same_clients(image_root, tmp_path):
@@ -95,8 +100,8 @@ def test_saved_partition_reloads_to_the_same_clients(image_root, tmp_path):
     from fedjax_lab.data.report import write_partition_report
 
     write_partition_report(first.dataset, tmp_path)
-    again = build_experiment(_config(image_root, dataset={"partition": {"name": "iid", "num_clients": 6,
-                                                                        "file": str(tmp_path / "partition.npz")}}))
+    again = build_experiment(_config(image_root, dataset={"partition": {
+        "name": "iid", "num_clients": 6, "file": str(tmp_path / "partition.npz")}}))
     np.testing.assert_array_equal(again.dataset.client_train_ids, first.dataset.client_train_ids)
 
 
@@ -132,7 +137,8 @@ def test_shakespeare_char_rnn_runs_a_round_with_per_client_metrics(tmp_path):
         "rounds.num_rounds=2", "rounds.clients_per_round=3", "eval.every=2", "client.learning_rate=0.5"])
     summary = run_experiment(config, tmp_path / "shakespeare", progress=False)
     final = summary["final"]
-    assert np.isfinite(final["test_loss"]) and 0 <= final["client_accuracy_min"] <= final["client_accuracy_max"] <= 1
+    assert (np.isfinite(final["test_loss"])
+            and 0 <= final["client_accuracy_min"] <= final["client_accuracy_max"] <= 1)
     with pytest.raises(ConfigError, match="shakespeare needs char_rnn"):
         build_experiment(load_config("configs/shakespeare_fedavg.yaml", ["model.name=mlp"]))
 
@@ -141,8 +147,8 @@ def test_partition_command_reports_without_training(image_root, tmp_path, capsys
     from fedjax_lab.experiments.cli import main
 
     config = tmp_path / "c.yaml"
-    config.write_text("dataset: {name: image_folder, data_dir: '" + str(image_root) + "', partition: {name: shards, "
-                      "num_clients: 5}}\nmodel: {name: simple_cnn}\nalgorithm: {name: fedavg}\n"
+    config.write_text("dataset: {name: image_folder, data_dir: '" + str(image_root) + "', partition: {name: "
+                      "shards, num_clients: 5}}\nmodel: {name: simple_cnn}\nalgorithm: {name: fedavg}\n"
                       "client: {local_steps: 1}\nrounds: {clients_per_round: 2}\n")
     assert main(["partition", str(config), "--out", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
@@ -152,7 +158,8 @@ def test_partition_command_reports_without_training(image_root, tmp_path, capsys
 @pytest.mark.skipif(not HAVE_MNIST, reason="../shared/data not present")
 def test_out_of_domain_server_data_comes_from_another_dataset():
     config = validate({"dataset": {"name": "mnist", "partition": {"name": "iid", "num_clients": 10},
-                                   "server_data": {"kind": "out_of_domain", "dataset": "fashion_mnist", "size": 50}},
+                                   "server_data": {"kind": "out_of_domain", "dataset": "fashion_mnist",
+                                                   "size": 50}},
                        "model": {"name": "logistic_regression"}, "algorithm": {"name": "fedavg"},
                        "client": {"local_steps": 1}, "rounds": {"clients_per_round": 2}})
     data = build_experiment(config).dataset
@@ -164,7 +171,8 @@ def test_out_of_domain_server_data_comes_from_another_dataset():
 
 @pytest.mark.skipif(not HAVE_MNIST, reason="../shared/data not present")
 def test_bherd_case_2_on_parity_labels_deals_digits_not_parities():
-    """BHerd's SVM task: client k of 5 holds the digits {k, k+5} (one even, one odd), labelled even (1) / odd (0)."""
+    """BHerd's SVM task: client k of 5 holds the digits {k, k+5} (one even, one odd), labelled even (1) / odd
+    (0)."""
     from fedjax_lab.experiments import load_config
 
     config = load_config("configs/bherd/svm_mnist.yaml", ["dataset.partition.case=2"])
@@ -184,7 +192,8 @@ HAVE_CIFAR100 = (default_data_dir() / "cifar100").is_dir()
 @pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
 @pytest.mark.parametrize("name", ["paper_fashion_mnist", "paper_cifar10", "paper_cifar100"])
 def test_feddle_paper_scale_configs_build_and_shape_check(name):
-    """Table 5's federation (500 clients, N(20), the in-flight store of 500 jobs) compiles to the right shapes."""
+    """Table 5's federation (500 clients, N(20), the in-flight store of 500 jobs) compiles to the right
+    shapes."""
     import jax
 
     from fedjax_lab.experiments import load_config
@@ -193,7 +202,8 @@ def test_feddle_paper_scale_configs_build_and_shape_check(name):
     assert experiment.dataset.num_clients == 500 and experiment.plan.capacity == 500
     state = jax.eval_shape(experiment.initial_state)
     out, metrics = jax.eval_shape(lambda s: experiment.run_rounds(s, experiment.inputs, num_rounds=1), state)
-    assert jax.tree.map(lambda a: a.shape, out.server_state) == jax.tree.map(lambda a: a.shape, state.server_state)
+    assert (jax.tree.map(lambda a: a.shape, out.server_state)
+            == jax.tree.map(lambda a: a.shape, state.server_state))
     assert metrics["staleness_counts"].shape == (1, 81)
     if name == "paper_cifar100":
         from fedjax_lab.data.sources import load_local
@@ -230,14 +240,15 @@ def test_feddle_out_of_domain_configs_hold_another_datasets_images_and_labels(na
         assert len(experiment.dataset.test["y"]) == 10_000  # evaluation on the whole test set
         state = jax.eval_shape(experiment.initial_state)
         out, _ = jax.eval_shape(lambda s, e=experiment: e.run_rounds(s, e.inputs, num_rounds=1), state)
-        assert jax.tree.map(lambda a: a.shape, out.server_state) == jax.tree.map(lambda a: a.shape, state.server_state)
+        assert (jax.tree.map(lambda a: a.shape, out.server_state)
+                == jax.tree.map(lambda a: a.shape, state.server_state))
 
 
 @pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
 @pytest.mark.parametrize("name", ["paper_fashion_mnist", "paper_cifar10", "paper_cifar100"])
 def test_fedcog_paper_scale_configs_build_and_shape_check(name):
-    """Table 1's setting (10 clients, FedAvg then FedAvg + FedCOG from round 50) compiles to the right shapes, and
-    NIID-2's class blocks give every client its block's classes."""
+    """Table 1's setting (10 clients, FedAvg then FedAvg + FedCOG from round 50) compiles to the right shapes,
+    and NIID-2's class blocks give every client its block's classes."""
     import jax
 
     from fedjax_lab.experiments import load_config
@@ -247,19 +258,21 @@ def test_fedcog_paper_scale_configs_build_and_shape_check(name):
         experiment = build_experiment(load_config(f"configs/fedcog/{name}.yaml", overrides))
         state = jax.eval_shape(experiment.initial_state)
         out, _ = jax.eval_shape(lambda s, e=experiment: e.run_rounds(s, e.inputs, num_rounds=1), state)
-        assert jax.tree.map(lambda a: a.shape, out.server_state) == jax.tree.map(lambda a: a.shape, state.server_state)
+        assert (jax.tree.map(lambda a: a.shape, out.server_state)
+                == jax.tree.map(lambda a: a.shape, state.server_state))
         assert set(out.client_states) == {"fedcog"}
     data = experiment.dataset
     per_client = 10 if name == "paper_cifar100" else 2
     for k in range(10):
-        assert len(np.unique(data.train["y"][data.client_train_ids[k, :data.client_train_counts[k]]])) == per_client
+        assert (len(np.unique(data.train["y"][data.client_train_ids[k, :data.client_train_counts[k]]]))
+                == per_client)
 
 
 @pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
 @pytest.mark.parametrize("name", ["paper_cifar10", "cpu_fashion_mnist"])
 def test_fedimpro_configs_build_and_shape_check(name):
-    """Table 1's setting (ResNet-18 split after layer2, 10 clients, 5 a round) compiles to the right shapes: the
-    shared statistics are [classes, features at the split]; the baselines build from the same config."""
+    """Table 1's setting (ResNet-18 split after layer2, 10 clients, 5 a round) compiles to the right shapes:
+    the shared statistics are [classes, features at the split]; the baselines build from the same config."""
     import jax
 
     from fedjax_lab.experiments import load_config

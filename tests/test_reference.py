@@ -1,5 +1,5 @@
-"""The reference pages state current facts: docs/configs.md and docs/methods.md are what the config classes and
-the method registry generate today, and every field has a description."""
+"""The reference pages state current facts: docs/configs.md and docs/methods.md are what the config classes
+and the method registry generate today, and every field has a description."""
 
 from pathlib import Path
 
@@ -10,7 +10,8 @@ from fedjax_lab.experiments.reference import config_reference, methods_reference
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("page, generate", [("configs.md", config_reference), ("methods.md", methods_reference)])
+@pytest.mark.parametrize("page, generate", [("configs.md", config_reference),
+                                            ("methods.md", methods_reference)])
 def test_the_reference_pages_are_current(page, generate):
     assert (DOCS / page).read_text() == generate(), (
         f"docs/{page} is out of date: run `fedjax-lab reference {page[:-3]} > docs/{page}`")

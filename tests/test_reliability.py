@@ -1,4 +1,5 @@
-"""Nothing lost, nothing silently wrong: the hostile inputs of docs/reliability.md, each through the command line.
+"""Nothing lost, nothing silently wrong: the hostile inputs of docs/reliability.md, each through the command
+line.
 
 Signals, a full disk and the distributed start-up run the CLI in a subprocess (what is tested there is the
 process: its exit status, what it prints, what it leaves on disk); the other cases call ``cli.main`` in this
@@ -95,7 +96,8 @@ def test_a_signal_stops_after_the_block_writes_everything_and_the_resume_equals_
     so_far = json.loads((run_dir / "interrupted.json").read_text())  # what ran, beside a plot of it
     assert so_far["interrupted"] and so_far["rounds"] == stopped and (run_dir / "curves.png").is_file()
     assert not (run_dir / "summary.json").exists()  # summary.json says a run has finished
-    assert main(["run", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
+    assert main(["run", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--resume",
+                 "--no-progress"]) == 0
     assert (run_dir / "metrics.jsonl").read_text() == uninterrupted
     assert (run_dir / "summary.json").exists() and not (run_dir / "interrupted.json").exists()
 
@@ -119,12 +121,13 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2)
 os.execv(sys.executable, [sys.executable, "-m", "fedjax_lab.experiments.cli", *sys.argv[2:]])
 """
-"""Runs the CLI with writes past ``argv[1]`` bytes a file failing with EFBIG, as they would with ENOSPC on a full
-disk (the limit and the ignored SIGXFSZ survive the ``exec``)."""
+"""Runs the CLI with writes past ``argv[1]`` bytes a file failing with EFBIG, as they would with ENOSPC on a
+full disk (the limit and the ignored SIGXFSZ survive the ``exec``)."""
 
 
 @pytest.mark.parametrize("what, limit, overrides", [
-    ("metrics", 30_000, ["rounds.num_rounds=400"]),  # more than partition.png (17 kB), less than these metrics
+    # more than partition.png (17 kB), less than these metrics
+    ("metrics", 30_000, ["rounds.num_rounds=400"]),
     ("checkpoint", 200_000, ["model.hidden=[256,256]", "rounds.num_rounds=40"]),  # a checkpoint of 0.8 MB
 ])
 def test_a_full_disk_is_exit_4_with_a_message_and_the_run_resumes(tmp_path, what, limit, overrides):
@@ -165,7 +168,8 @@ def test_a_damaged_line_inside_the_metrics_is_named(tmp_path, capsys):
     assert "metrics.jsonl, line 3, is damaged" in capsys.readouterr().err
 
 
-def test_resume_refuses_a_run_whose_config_or_metrics_are_missing_and_says_when_it_starts_over(tmp_path, capsys):
+def test_resume_refuses_a_run_whose_config_or_metrics_are_missing_and_says_when_it_starts_over(tmp_path,
+                                                                                               capsys):
     path, run_dir = _write(tmp_path, RAW), tmp_path / "run"
     resume = ["run", path, "--run-dir", str(run_dir), "--resume", "--no-progress"]
     assert main(["run", path, "--run-dir", str(run_dir), "--no-progress", "rounds.num_rounds=4"]) == 0
@@ -189,11 +193,12 @@ def test_a_refused_resume_names_every_differing_key_with_both_values(tmp_path, c
     assert main(["run", path, "--run-dir", str(run_dir), "--resume", "client.learning_rate=0.2",
                  "client.local_steps=5"]) == 2
     err = capsys.readouterr().err
-    assert "client.learning_rate: 0.1 stored, 0.2 given" in err and "client.local_steps: 3 stored, 5 given" in err
+    assert ("client.learning_rate: 0.1 stored, 0.2 given" in err
+            and "client.local_steps: 3 stored, 5 given" in err)
     assert "rounds.num_rounds: 2 stored, 6 given" in err
     # What never changes results may change: the start-up timeout, how many checkpoints are kept.
-    assert main(["run", path, "--run-dir", str(run_dir), "--resume", "rounds.num_rounds=2", "checkpoint.keep=3",
-                 "parallel.init_timeout_s=10", "--no-progress"]) == 0
+    assert main(["run", path, "--run-dir", str(run_dir), "--resume", "rounds.num_rounds=2",
+                 "checkpoint.keep=3", "parallel.init_timeout_s=10", "--no-progress"]) == 0
 
 
 # --------------------------------------------------------------------------------------------- sweeps
@@ -204,7 +209,8 @@ def test_a_sweep_resume_with_a_changed_setting_is_refused_naming_the_key(tmp_pat
     before = {p: p.read_bytes() for p in sorted(sweep_dir.rglob("metrics.jsonl"))}
     capsys.readouterr()
     for change in ("client.learning_rate=0.3", "client.local_steps=5"):
-        assert main(["sweep", path, *grid, change, "--sweep-dir", str(sweep_dir), "--resume", "--no-progress"]) == 2
+        assert main(["sweep", path, *grid, change, "--sweep-dir", str(sweep_dir), "--resume",
+                     "--no-progress"]) == 2
         key = change.split("=")[0]
         assert f"cannot resume {sweep_dir}/" in (err := capsys.readouterr().err) and f"{key}: " in err
     assert {p: p.read_bytes() for p in sorted(sweep_dir.rglob("metrics.jsonl"))} == before
@@ -215,7 +221,8 @@ def test_a_sweep_member_without_its_config_is_not_resumed(tmp_path, capsys):
     assert main(["sweep", path, "seed=0,1", "rounds.num_rounds=4", "--sweep-dir", str(sweep_dir),
                  "--no-progress", "--chunk", "1"]) == 0
     (sweep_dir / "seed=1" / "config.yaml").unlink()
-    assert main(["sweep", path, "seed=0,1", "rounds.num_rounds=6", "--sweep-dir", str(sweep_dir), "--resume"]) == 2
+    assert main(["sweep", path, "seed=0,1", "rounds.num_rounds=6", "--sweep-dir", str(sweep_dir),
+                 "--resume"]) == 2
     assert "seed=0: the config given differs" in capsys.readouterr().err
 
 
@@ -227,7 +234,8 @@ def test_a_sweep_member_without_its_config_is_not_resumed(tmp_path, capsys):
     ([f"seed={','.join(map(str, range(100)))}", "client.learning_rate=0.1,0.2,0.3"],
      "the grid has 300 members (100 x 3), more than 256; pass --yes"),
 ])
-def test_grids_that_would_mix_members_or_surprise_are_refused_before_anything_runs(tmp_path, capsys, items, message):
+def test_grids_that_would_mix_members_or_surprise_are_refused_before_anything_runs(tmp_path, capsys, items,
+                                                                                   message):
     path = _write(tmp_path, RAW)
     assert main(["sweep", path, *items, "--sweep-dir", str(tmp_path / "s")]) == 2
     assert message in capsys.readouterr().err
@@ -278,14 +286,15 @@ def test_distributed_start_up_gives_up_after_its_timeout_with_a_message(tmp_path
 
 @pytest.mark.parametrize("environment, overrides, message", [
     ({}, ["parallel.num_processes=2"], "parallel.coordinator_address: required for 2 processes"),
-    ({"JAX_NUM_PROCESSES": "two"}, [], "parallel.num_processes (from $JAX_NUM_PROCESSES): must be a whole number"),
+    ({"JAX_NUM_PROCESSES": "two"}, [],
+     "parallel.num_processes (from $JAX_NUM_PROCESSES): must be a whole number"),
     ({"JAX_COORDINATOR_ADDRESS": "host", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, [],
      "must be host:port"),
     ({"JAX_PROCESS_ID": "3"}, ["parallel.num_processes=2", "parallel.coordinator_address=h:1"],
      "parallel.process_id (from $JAX_PROCESS_ID): must be < num_processes=2"),
 ])
-def test_distributed_settings_are_checked_before_jax_starts(tmp_path, capsys, monkeypatch, environment, overrides,
-                                                           message):
+def test_distributed_settings_are_checked_before_jax_starts(tmp_path, capsys, monkeypatch, environment,
+                                                            overrides, message):
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environment.items():
@@ -354,12 +363,14 @@ def test_a_damaged_dataset_archive_is_named_with_its_field(tmp_path, capsys, mni
         np.savez(archive, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1), y_test=np.zeros(1),
                  label_names=np.array(["0"]))
     err = _refused(tmp_path, capsys, _image(data_dir=str(tmp_path / "data")))
-    assert f"dataset.data_dir: {archive}" in err or f"dataset.data_dir: mnist archive not found at {archive}" in err
+    assert (f"dataset.data_dir: {archive}" in err
+            or f"dataset.data_dir: mnist archive not found at {archive}" in err)
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["seed=-1"], "seed: Input should be greater than or equal to 0, got -1"),
-    (["asynchrony={delay: fixed, rounds: 6}"], "asynchrony.rounds: a job sent in round r arrives in round r + 6"),
+    (["asynchrony={delay: fixed, rounds: 6}"],
+     "asynchrony.rounds: a job sent in round r arrives in round r + 6"),
     (["asynchrony={delay: fixed, rounds: 5}", "algorithm.name=fedbuff", "algorithm.buffer_size=5"],
      "algorithm.buffer_size: at most 4 updates arrive"),
     (["asynchrony.sigmaa=3"], "asynchrony.sigmaa: unknown key; did you mean 'sigma'?"),
@@ -385,7 +396,8 @@ def test_an_empty_checkpoints_folder_is_not_a_run(tmp_path):
 
     RunDirectory(tmp_path / "run")  # what a run that failed before writing anything leaves
     assert not holds_run(tmp_path / "run")
-    assert check_run_directory(validate(RAW), tmp_path / "run", resume=False, overwrite=False) == ("start", None)
+    assert (check_run_directory(validate(RAW), tmp_path / "run", resume=False, overwrite=False)
+            == ("start", None))
 
 
 def test_a_stored_config_is_compared_with_todays_defaults_filled_in():
@@ -403,7 +415,8 @@ def test_a_stored_config_is_compared_with_todays_defaults_filled_in():
 def test_distributed_settings_keep_ipv6_brackets_and_leave_a_missing_id_to_the_cluster():
     from fedjax_lab.experiments.config import ParallelConfig, distributed_settings
 
-    six = distributed_settings(ParallelConfig(coordinator_address="[::1]:1234", num_processes=2, process_id=1), {})
+    six = distributed_settings(ParallelConfig(coordinator_address="[::1]:1234", num_processes=2,
+                                              process_id=1), {})
     assert (six.coordinator_address, six.host, six.port, six.complete) == ("[::1]:1234", "::1", 1234, True)
     slurm = distributed_settings(ParallelConfig(coordinator_address="h:1", num_processes=4), {})
     assert not slurm.complete  # JAX reads the process id from SLURM, Open MPI or Kubernetes

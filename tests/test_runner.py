@@ -83,9 +83,10 @@ def test_cli_run_and_plot(tmp_path, capsys):
 
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(RAW))
-    assert main(["run", str(path), "rounds.num_rounds=2", "--run-dir", str(tmp_path / "a"), "--no-progress"]) == 0
-    assert main(["run", str(path), "rounds.num_rounds=2", "algorithm.name=fedavg", "algorithm.server_learning_rate=1",
-                 "--run-dir", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert main(["run", str(path), "rounds.num_rounds=2", "--run-dir", str(tmp_path / "a"),
+                 "--no-progress"]) == 0
+    assert main(["run", str(path), "rounds.num_rounds=2", "algorithm.name=fedavg",
+                 "algorithm.server_learning_rate=1", "--run-dir", str(tmp_path / "b"), "--no-progress"]) == 0
     assert "test accuracy" in capsys.readouterr().out
     out = tmp_path / "both.png"
     assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0

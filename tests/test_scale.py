@@ -63,7 +63,8 @@ def test_streamed_server_update_sees_only_the_sums(tiny_data, tiny_classifier):
 
     algorithm = algorithm._replace(server_update=spy)
     state = init_loop_state(algorithm, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients)
-    make_run_rounds(algorithm, CohortPlan(tiny_data.num_clients, 6, 2))(state, make_inputs(tiny_data), num_rounds=1)
+    make_run_rounds(algorithm, CohortPlan(tiny_data.num_clients, 6, 2))(state, make_inputs(tiny_data),
+                                                                        num_rounds=1)
     make_run_rounds(algorithm, CohortPlan(tiny_data.num_clients, 6, 2, aggregation="stacked"))(
         state, make_inputs(tiny_data), num_rounds=1)
     assert seen == [Reduced, dict]
@@ -82,8 +83,8 @@ def test_a_server_update_that_needs_every_message_keeps_the_stack(tiny_classifie
 def test_streaming_bounds_the_compiled_memory_of_a_large_cohort():
     """The MLP at a cohort of 64 trained 2 at a time: XLA's memory analysis with and without the stack."""
     raw = {**RAW, "dataset": {**RAW["dataset"], "num_clients": 64, "dimension": 100},
-           "model": {"name": "mlp", "hidden": [256, 256]}, "rounds": {"num_rounds": 2, "clients_per_round": 64,
-                                                                       "chunk_size": 2}}
+           "model": {"name": "mlp", "hidden": [256, 256]},
+           "rounds": {"num_rounds": 2, "clients_per_round": 64, "chunk_size": 2}}
     need = {}
     for aggregation in ("stacked", "streaming"):
         experiment = build_experiment(validate({**raw, "parallel": {"aggregation": aggregation}}))
@@ -95,34 +96,38 @@ def test_streaming_bounds_the_compiled_memory_of_a_large_cohort():
 
 
 def test_an_unset_chunk_is_sized_from_the_memory_budget(monkeypatch):
-    """As on an accelerator (whole cohort by default): the largest chunk whose compiled round fits the budget."""
-    from fedjax_lab.experiments import build
+    """As on an accelerator (whole cohort by default): the largest chunk whose compiled round fits the
+    budget."""
+    from fedjax_lab.experiments import build, memory_fit
 
     monkeypatch.setattr(build, "default_chunk_size", lambda *args: None)
     raw = {**RAW, "dataset": {**RAW["dataset"], "num_clients": 64, "dimension": 100},
-           "model": {"name": "mlp", "hidden": [256, 256]}, "rounds": {"num_rounds": 2, "clients_per_round": 64}}
+           "model": {"name": "mlp", "hidden": [256, 256]},
+           "rounds": {"num_rounds": 2, "clients_per_round": 64}}
     assert build.build_experiment(validate(raw)).plan.chunk_size is None  # fits whole
     budget = 0.005 * 2**30
     experiment = build.build_experiment(validate({**raw, "parallel": {"memory_budget_gb": 0.005}}))
     chunk = experiment.plan.chunk_size
     assert chunk is not None and 64 % chunk == 0
-    assert build._compiled_need(experiment, chunk) <= budget < build._compiled_need(experiment, 2 * chunk)
+    need = memory_fit._compiled_need
+    assert need(experiment, chunk) <= budget < need(experiment, 2 * chunk)
 
 
 def test_building_and_sizing_an_asynchronous_run_traces_its_client_update_once(monkeypatch):
     """The memory estimates and the in-flight store reuse one client's message shapes, traced at build (a
     ResNet's client update took seconds to trace, each time)."""
     from fedjax_lab.engine import simulation
-    from fedjax_lab.experiments import build
+    from fedjax_lab.experiments import build, memory_fit
 
     calls = []
     traced = simulation.message_shapes
     monkeypatch.setattr(build, "message_shapes", lambda *args: calls.append(1) or traced(*args))
+    monkeypatch.setattr(memory_fit, "message_shapes", lambda *args: calls.append(1) or traced(*args))
     monkeypatch.setattr(simulation, "message_shapes", lambda *args: calls.append(1) or traced(*args))
     raw = {**RAW, "algorithm": {"name": "fedbuff", "buffer_size": 4}, "asynchrony": {"sigma": 1.0}}
     experiment = build.build_experiment(validate(raw))
     state = jax.eval_shape(experiment.initial_state)
-    build.estimate_memory(experiment)
+    memory_fit.estimate_memory(experiment)
     assert len(calls) == 1
     assert jax.tree.structure(state.asynchrony.in_flight.messages) == jax.tree.structure(experiment.messages)
 
@@ -144,7 +149,8 @@ def test_a_configuration_that_cannot_fit_fails_before_compiling(monkeypatch, cha
 
 @pytest.mark.parametrize("parallel, message", [
     ({"devices": 3}, "parallel.devices must divide rounds.clients_per_round=8"),
-    ({"devices": 2, "process_id": 2, "num_processes": 2}, "parallel.process_id must be < parallel.num_processes"),
+    ({"devices": 2, "process_id": 2, "num_processes": 2},
+     "parallel.process_id must be < parallel.num_processes"),
 ])
 def test_bad_parallel_settings_are_refused_with_the_field(parallel, message):
     with pytest.raises(ConfigError, match=message):

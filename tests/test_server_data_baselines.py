@@ -1,5 +1,5 @@
-"""Feddle's server-data baselines: Fed+FT fine-tunes the aggregate on the server's data; HFCL's server trains as
-a client and joins the mean; FedDF distils the arrived models' ensemble into the aggregate."""
+"""Feddle's server-data baselines: Fed+FT fine-tunes the aggregate on the server's data; HFCL's server trains
+as a client and joins the mean; FedDF distils the arrived models' ensemble into the aggregate."""
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,8 @@ def _round(classifier, data, *components, rounds=1):
     algorithm = fedavg(classifier.loss, optax.sgd(0.1), fedavg_server(1.0), SCHEDULE, *components)
     inputs = _inputs(data)
     state = init_loop_state(algorithm, classifier.init(jax.random.key(0)), data.num_clients)
-    return make_run_rounds(algorithm, CohortPlan(data.num_clients, 4))(state, inputs, num_rounds=rounds)[0], inputs
+    return (make_run_rounds(algorithm, CohortPlan(data.num_clients, 4))(state, inputs, num_rounds=rounds)[0],
+            inputs)
 
 
 def _server_loss(classifier, params, inputs):
@@ -53,10 +54,12 @@ def test_hfcl_weighs_the_servers_own_training_as_one_more_client(tiny_data, tiny
     n = int(_inputs(tiny_data).server_arrays["y"].shape[0])
     optimizer = optax.sgd(0.1)
     base, inputs = _round(tiny_classifier, tiny_data)
-    ignored, _ = _round(tiny_classifier, tiny_data, server_as_client(tiny_classifier, optimizer, SCHEDULE, n, 0.0))
+    ignored, _ = _round(tiny_classifier, tiny_data,
+                        server_as_client(tiny_classifier, optimizer, SCHEDULE, n, 0.0))
     assert_trees_close(base.server_state.params, ignored.server_state.params)
     # With an overwhelming weight the round's model is the server's own local training from w^0.
-    dominant, _ = _round(tiny_classifier, tiny_data, server_as_client(tiny_classifier, optimizer, SCHEDULE, n, 1e9))
+    dominant, _ = _round(tiny_classifier, tiny_data,
+                         server_as_client(tiny_classifier, optimizer, SCHEDULE, n, 1e9))
     w0 = tiny_classifier.init(jax.random.key(0))
     key = component_key(randomness.round_key(inputs.key, jnp.int32(0), randomness.Purpose.SERVER), "hfcl")
     server = ClientData(jnp.int32(-1), jnp.arange(n, dtype=jnp.int32), jnp.int32(n), key)
@@ -86,16 +89,18 @@ def test_mean_entropy_is_log_c_for_uniform_predictions_and_skips_masked_rows():
 
 
 def test_feddf_reports_how_far_it_moved_the_model_and_how_sure_its_ensemble_is(tiny_data, tiny_classifier):
-    # One member, a hair away from the student: the distillation loss starts near 0, yet Adam's first steps are
-    # about its learning rate in every parameter, so the distance moved scales with the rate (FedDF at lr 1e-3
-    # on CIFAR-10, docs/reproductions/feddle.md).
+    # One member, a hair away from the student: the distillation loss starts near 0, yet Adam's first steps
+    # are about its learning rate in every parameter, so the distance moved scales with the rate (FedDF at lr
+    # 1e-3 on CIFAR-10, docs/reproductions/feddle.md).
     student = tiny_classifier.init(jax.random.key(0))
     leaves, tree = jax.tree.flatten(student)
     keys = jax.random.split(jax.random.key(1), len(leaves))
-    member = jax.tree.unflatten(tree, [x + 1e-3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    member = jax.tree.unflatten(tree, [x + 1e-3 * jax.random.normal(k, x.shape)
+                                       for x, k in zip(leaves, keys)])
     teachers = jax.tree.map(lambda x: x[None], member)
     server = _inputs(tiny_data).server_arrays
-    none, small, large = (_distil(tiny_classifier, student, teachers, jnp.ones(1), server, steps, lr, metrics=True)
+    none, small, large = (_distil(tiny_classifier, student, teachers, jnp.ones(1), server, steps, lr,
+                                  metrics=True)
                           for steps, lr in ((0, 1e-3), (5, 1e-5), (5, 1e-3)))
     assert float(none["feddf_step_norm"]) == 0.0
     assert float(small["feddf_loss_start"]) < 1e-4
@@ -112,8 +117,8 @@ def test_feddf_distils_the_weighted_ensemble_without_reading_labels(tiny_data, t
     x = server["x"]
     assert_trees_close(_distil(tiny_classifier, student, teachers, weights, server, 0), student)
     distilled = _distil(tiny_classifier, student, teachers, weights, server, 40)
-    assert _kl(tiny_classifier, distilled, teachers, weights, x) < 0.5 * _kl(tiny_classifier, student, teachers,
-                                                                             weights, x)
+    assert _kl(tiny_classifier, distilled, teachers, weights, x) < 0.5 * _kl(tiny_classifier, student,
+                                                                             teachers, weights, x)
     # Labels are never read (FedDF-OOD runs on any inputs), and a zero-weight member changes nothing.
     relabelled = {"x": x, "y": jnp.roll(server["y"], 1)}
     other = jax.tree.map(lambda t, s: t.at[2].set(s), teachers, student)
@@ -127,7 +132,8 @@ def test_feddf_teacher_is_the_plain_mean_of_the_arrived_members_by_default(tiny_
     sizes, arrived = jnp.array([1.0, 5.0, 0.0]), jnp.array([1.0, 1.0, 0.0])
     server = _inputs(tiny_data).server_arrays
     uniform = _distil(tiny_classifier, student, teachers, sizes, server, 10, teacher="uniform")
-    assert_trees_close(uniform, _distil(tiny_classifier, student, teachers, arrived, server, 10, teacher="weighted"))
+    assert_trees_close(uniform, _distil(tiny_classifier, student, teachers, arrived, server, 10,
+                                        teacher="weighted"))
     by_size = _distil(tiny_classifier, student, teachers, sizes, server, 10, teacher="weighted")
     assert not np.allclose(jax.tree.leaves(uniform)[0], jax.tree.leaves(by_size)[0])
     from fedjax_lab.methods.registry import REGISTRY
@@ -140,7 +146,8 @@ def test_feddf_runs_in_the_asynchronous_loop_with_its_buffer_as_the_ensemble(tin
     algorithm = fedavg(tiny_classifier.loss, optax.sgd(0.1), fedavg_server(1.0), SCHEDULE,
                        ensemble_distillation(tiny_classifier, 5, 0.003, 16))
     inputs = _inputs(tiny_data)
-    state = init_loop_state(algorithm, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients, plan, inputs)
+    state = init_loop_state(algorithm, tiny_classifier.init(jax.random.key(0)), tiny_data.num_clients, plan,
+                            inputs)
     _, metrics = make_run_rounds(algorithm, plan)(state, inputs, num_rounds=12)
     stepped = np.asarray(metrics["server_steps"]) > 0
     start, end = np.asarray(metrics["feddf_loss_start"]), np.asarray(metrics["feddf_loss_end"])

@@ -66,7 +66,8 @@ def test_server_update_weights_clients_by_examples_or_uniformly():
     context = ServerContext(None, jnp.int32(0), {})
     for weighting, w in (("num_examples", np.array([0.25, 0.75])), ("uniform", np.array([0.5, 0.5]))):
         algorithm = fedavg(None, optax.sgd(1.0), so.fedavg_server(1.0), None, weighting=weighting)
-        state, metrics = algorithm.server_update(algorithm.server_init(jnp.asarray(X0)), {"delta": deltas}, cohort, context)
+        state, metrics = algorithm.server_update(algorithm.server_init(jnp.asarray(X0)), {"delta": deltas},
+                                                 cohort, context)
         expected = X0 + w[0] * DELTAS[0] + w[1] * DELTAS[1]
         np.testing.assert_allclose(state.params, expected, rtol=1e-6)
         np.testing.assert_allclose(metrics["update_norm"], np.linalg.norm(expected - X0), rtol=1e-5)

@@ -1,5 +1,6 @@
-"""The one server-side training loop (Fed+FT, FedDF, FedWalk's leash and Feddle's head all run it) against a NumPy
-loop: each step's batch drawn without replacement with the step's folded key, plain SGD, the model state carried."""
+"""The one server-side training loop (Fed+FT, FedDF, FedWalk's leash and Feddle's head all run it) against a
+NumPy loop: each step's batch drawn without replacement with the step's folded key, plain SGD, the model state
+carried."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,8 @@ def test_server_training_equals_a_numpy_loop_over_the_same_batches():
     arrays = {"x": jnp.asarray(rng.normal(size=(20, 3)), jnp.float32), "y": jnp.zeros(20, jnp.int32)}
     draw, key, steps, rate = sample_server_batch(5), jax.random.key(3), 4, 0.1
 
-    def loss(w, count, batch, step_key):  # mean squared distance to the batch's rows; the state counts the steps
+    # mean squared distance to the batch's rows; the state counts the steps
+    def loss(w, count, batch, step_key):
         return jnp.mean(jnp.sum(jnp.square(batch["x"] - w), -1)), count + 1
 
     w, count = train_on_server_batches(loss, jnp.zeros(3), jnp.int32(0), draw=draw, arrays=arrays, key=key,

@@ -60,7 +60,8 @@ def test_two_blocks_equal_one_block_of_the_same_rounds(tiny_run):
     half, m1 = run(state, inputs, num_rounds=2)
     twice, m2 = run(half, inputs, num_rounds=2)
     assert_trees_close(once.server_state, twice.server_state)
-    np.testing.assert_allclose(m_once["train_loss"], np.concatenate([m1["train_loss"], m2["train_loss"]]), rtol=1e-6)
+    np.testing.assert_allclose(m_once["train_loss"], np.concatenate([m1["train_loss"], m2["train_loss"]]),
+                               rtol=1e-6)
 
 
 def test_cohort_is_distinct_deterministic_and_covers_population():

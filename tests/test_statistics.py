@@ -36,7 +36,8 @@ def test_the_paired_interval_is_mean_plus_minus_t_times_the_standard_error():
     got = paired_difference(method, base)
     half = 3.1824 * np.std(d, ddof=1) / math.sqrt(4)  # t_{0.975, 3}, from the table
     assert (got.mean, got.std, got.n) == (pytest.approx(d.mean()), pytest.approx(np.std(d, ddof=1)), 4)
-    assert (got.low, got.high) == (pytest.approx(d.mean() - half, abs=1e-6), pytest.approx(d.mean() + half, abs=1e-6))
+    assert (got.low, got.high) == (pytest.approx(d.mean() - half, abs=1e-6),
+                                   pytest.approx(d.mean() + half, abs=1e-6))
     assert mean_std([1.0, 2.0, 4.0])[1] == pytest.approx(np.std([1, 2, 4], ddof=1))
     assert mean_std([3.0]) == (3.0, None)
     with pytest.raises(ValueError, match="equally many"):

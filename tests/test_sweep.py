@@ -63,7 +63,8 @@ def test_four_seeds_in_one_program_equal_four_separate_runs(tmp_path, algorithm)
     _separately(members, tmp_path / "alone")
     _assert_same_runs(tmp_path / "sweep", tmp_path / "alone", members)
     finals = {m["final_accuracy"] for m in summary["members"]}
-    assert len(finals) > 1 or len({json.dumps(read_metrics(tmp_path / "sweep" / m.name)) for m in members}) == 4
+    assert len(finals) > 1 or len({json.dumps(read_metrics(tmp_path / "sweep" / m.name))
+                                   for m in members}) == 4
 
 
 def test_three_client_learning_rates_in_one_program_equal_three_separate_runs(tmp_path):
@@ -77,8 +78,9 @@ def test_three_client_learning_rates_in_one_program_equal_three_separate_runs(tm
 
 
 def test_a_step_decay_schedule_equals_its_two_phases_one_after_another():
-    scheduled = build_experiment(_config(client={**RAW["client"], "schedule": {"name": "step", "boundaries": [2],
-                                                                                 "factor": 0.1}}))
+    scheduled = build_experiment(_config(client={**RAW["client"],
+                                                 "schedule": {"name": "step", "boundaries": [2],
+                                                              "factor": 0.1}}))
     state, _ = scheduled.run_rounds(scheduled.initial_state(), scheduled.inputs, num_rounds=4)
     constant = build_experiment(_config())
     phase, _ = constant.run_rounds(constant.initial_state(), constant.inputs, num_rounds=2)
@@ -87,14 +89,16 @@ def test_a_step_decay_schedule_equals_its_two_phases_one_after_another():
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(phase)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     fast, _ = constant.run_rounds(constant.initial_state(), constant.inputs, num_rounds=4)
-    assert not np.allclose(jax.tree.leaves(fast.server_state.params)[0], jax.tree.leaves(state.server_state.params)[0])
+    assert not np.allclose(jax.tree.leaves(fast.server_state.params)[0],
+                           jax.tree.leaves(state.server_state.params)[0])
 
 
 def test_a_new_hyperparameter_value_does_not_recompile():
     experiment = build_experiment(_config(algorithm={"name": "fedprox", "mu": 0.1}))
     experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=1)
     for mu in (0.0, 1.0):
-        inputs = experiment.inputs._replace(hparams={**experiment.inputs.hparams, "algorithm.mu": jnp.float32(mu)})
+        inputs = experiment.inputs._replace(hparams={**experiment.inputs.hparams,
+                                                     "algorithm.mu": jnp.float32(mu)})
         experiment.run_rounds(experiment.initial_state(), inputs, num_rounds=1)
     assert experiment.run_rounds._cache_size() == 1
 

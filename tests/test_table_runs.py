@@ -1,4 +1,5 @@
-"""The reproduction scripts keep every finished run's record in the repository and never run a kept cell again."""
+"""The reproduction scripts keep every finished run's record in the repository and never run a kept cell
+again."""
 
 import gzip
 import json
@@ -67,13 +68,16 @@ def test_a_record_keeps_the_evaluated_rows_whole_and_of_the_others_what_its_repo
     assert json.dumps(record.rows) == json.dumps([rows[0], {"round": 1, "server_steps": 1.0}, {
         "round": 2, "server_steps": 0.0, "x": float("nan")}, {"round": 3, "server_steps": 1.0}, rows[4]])
     assert record.evaluations() == [rows[0], rows[4]]
-    assert Record.from_run_dir(run_dir, "run", Keep()).rows == [rows[0], rows[4]]  # rows with no kept metric go
-    assert json.dumps(Record.from_run_dir(run_dir, "run").rows) == json.dumps(rows)  # read in place: everything
+    # rows with no kept metric go
+    assert Record.from_run_dir(run_dir, "run", Keep()).rows == [rows[0], rows[4]]
+    # read in place: everything
+    assert json.dumps(Record.from_run_dir(run_dir, "run").rows) == json.dumps(rows)
 
 
 def test_configs_are_kept_as_differences_from_the_files_base_and_read_back_exactly(tmp_path):
-    base = {"seed": 0, "client": {"learning_rate": 0.1, "batch_size": 32}, "asynchrony": {"sigma": 5, "cap": 40},
-            "eval": {"dissimilarity_counterfactual": {}, "every": 5}, "algorithm": {"plugins": [{"name": "a"}]}}
+    base = {"seed": 0, "client": {"learning_rate": 0.1, "batch_size": 32},
+            "asynchrony": {"sigma": 5, "cap": 40}, "eval": {"dissimilarity_counterfactual": {}, "every": 5},
+            "algorithm": {"plugins": [{"name": "a"}]}}
     other = {"seed": 1, "client": {"learning_rate": 1, "batch_size": 32}, "asynchrony": None,
              "eval": {"dissimilarity_counterfactual": {"algorithm.weight": 0.0}, "every": 5},
              "algorithm": {"plugins": []}, "extra": {"new": True}}
@@ -90,12 +94,14 @@ def test_configs_are_kept_as_differences_from_the_files_base_and_read_back_exact
     assert lines[0]["config"] == {} and "config_unset" not in lines[0]
     assert lines[1]["config_unset"] == ["asynchrony.cap", "asynchrony.sigma"]
     record_files.write(tmp_path / "again.jsonl.gz", read, header["base_config"])
-    assert (tmp_path / "again.jsonl.gz").read_bytes() == path.read_bytes()  # reproducible bytes: no churn in git
+    # reproducible bytes: no churn in git
+    assert (tmp_path / "again.jsonl.gz").read_bytes() == path.read_bytes()
 
 
 def test_arrays_are_kept_exactly():
     arrays = {"selected": np.random.default_rng(0).random((3, 5, 7)) < 0.3,
-              "ids": np.arange(15, dtype=np.int32).reshape(3, 5), "distance": np.array([[1.5, np.nan]], np.float32)}
+              "ids": np.arange(15, dtype=np.int32).reshape(3, 5),
+              "distance": np.array([[1.5, np.nan]], np.float32)}
     for name, array in arrays.items():
         back = record_files.decode_array(json.loads(json.dumps(record_files.encode_array(array))))
         assert back.dtype == array.dtype and back.shape == array.shape, name
@@ -104,8 +110,10 @@ def test_arrays_are_kept_exactly():
 
 def test_adding_replaces_a_run_of_the_same_name_and_copies_adding_at_once_all_keep_theirs(tmp_path):
     path = tmp_path / "family.jsonl.gz"
-    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.1}, rows=[])])
-    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.2}, rows=[])])
+    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.1},
+                                   rows=[])])
+    record_files.add(path, [Record(name="a", config={"seed": 0}, summary={"best_test_accuracy": 0.2},
+                                   rows=[])])
     threads = [threading.Thread(target=record_files.add, args=(path, [Record(
         name=f"b{k}", config={"seed": k}, summary={}, rows=[])])) for k in range(8)]
     for thread in threads:
@@ -124,8 +132,8 @@ def test_a_record_written_out_reads_as_a_run_directory_for_the_plots(tmp_path, r
     np.savez(runs / "fedbuff/seed0/arrays.npz", x=0)  # not an array block: ignored
     (runs / "fedbuff/seed0/arrays").mkdir()
     np.savez(runs / "fedbuff/seed0/arrays/rounds_000001_000004.npz", staleness_counts=counts)
-    kept = table_runs.collect(runs, Keep(arrays=lambda name, a: {"staleness_counts": a["staleness_counts"].sum(
-        0, keepdims=True)}))
+    kept = table_runs.collect(runs, Keep(
+        arrays=lambda name, a: {"staleness_counts": a["staleness_counts"].sum(0, keepdims=True)}))
     with table_runs.run_directories([kept / "fedbuff/seed0", runs / "fedbuff/seed0"]) as (written, in_place):
         assert in_place == runs / "fedbuff/seed0"
         assert read_metrics(written) == read_metrics(in_place)
@@ -191,7 +199,8 @@ def test_a_report_that_would_lose_filled_cells_goes_beside_the_old_one(tmp_path,
 def test_a_report_that_keeps_every_filled_cell_replaces_the_old_one(tmp_path):
     out = tmp_path / "feddle_tables.md"
     out.write_text(OLD_REPORT)
-    new = OLD_REPORT.replace("| - |\n", "| 70.0±1.0 |\n") + "\n# New section\n| a | b |\n|---|---|\n| x | - |\n"
+    new = (OLD_REPORT.replace("| - |\n", "| 70.0±1.0 |\n")
+           + "\n# New section\n| a | b |\n|---|---|\n| x | - |\n")
     assert table_runs.table_cells(new)["Table 5", "Feddle", "ours#2"] == "70.0±1.0"
     assert table_runs.write_report(out, new) == out and out.read_text() == new
 
@@ -199,7 +208,8 @@ def test_a_report_that_keeps_every_filled_cell_replaces_the_old_one(tmp_path):
 def test_feddle_report_finds_center_under_whichever_column_it_ran(tmp_path):
     import feddle_table
 
-    # Center uses no client: asked for the Dir(0.3)/N(5) column only, it ran there, not under the first column.
+    # Center uses no client: asked for the Dir(0.3)/N(5) column only, it ran there, not under the first
+    # column.
     fake_run(tmp_path / "fashion_mnist/dir0.3/N5/center/seed1", 0.8)
     assert feddle_table.center_metric(tmp_path, "fashion_mnist", 1) == pytest.approx((80.0, 80.0))
     assert feddle_table.center_metric(tmp_path, "fashion_mnist", 0) is None
@@ -214,7 +224,8 @@ def test_feddf_grid_reuses_table5_seed0_cells_at_the_rates_the_table_has_rows_fo
     assert "cifar10/feddf_lr/id/0.0001" in jobs and len(jobs) == 6
     table = {name: overrides for name, _, overrides in feddle_table.table_jobs(
         ["cifar10"], [0.1], [20], [0], ["feddf_id_lr1e-5"])}
-    assert table["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"] == jobs["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"]
+    assert (table["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"]
+            == jobs["cifar10/dir0.1/N20/feddf_id_lr1e-5/seed0"])
 
 
 @pytest.mark.parametrize("read_from", ["run folders", "records"])
@@ -254,8 +265,10 @@ def test_fedcog_size_weighting_row_differs_from_fedcogs_only_in_the_kd_weighting
     from fedjax_lab.experiments import load_config
 
     configs = {}
-    for name, dataset, overrides in fedcog_table.table1_jobs(["cifar10"], ["niid2"], [1], ["fedcog", "fedcog_size"]):
-        configs[name.split("/")[2]] = load_config(fedcog_table.REPO / "configs/fedcog/cpu_cifar10.yaml", overrides)
+    for name, dataset, overrides in fedcog_table.table1_jobs(["cifar10"], ["niid2"], [1],
+                                                             ["fedcog", "fedcog_size"]):
+        configs[name.split("/")[2]] = load_config(fedcog_table.REPO / "configs/fedcog/cpu_cifar10.yaml",
+                                                  overrides)
     fixed, size = (configs[m].algorithm.plugins[0] for m in ("fedcog", "fedcog_size"))
     assert (fixed.kd_weighting, size.kd_weighting) == ("fixed", "size")
     assert fixed.model_copy(update={"kd_weighting": "size"}) == size

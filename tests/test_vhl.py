@@ -1,5 +1,5 @@
-"""VHL: the virtual dataset is a fixed function of the run's key, SupCon is Khosla et al.'s, the alignment does not
-move the virtual features, and with its terms off the round is FedAvg's."""
+"""VHL: the virtual dataset is a fixed function of the run's key, SupCon is Khosla et al.'s, the alignment
+does not move the virtual features, and with its terms off the round is FedAvg's."""
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,8 @@ def supcon_reference(features, labels, mask, temperature):
         others = [a for a in rows if a != i]
         positives = [p for p in others if labels[p] == labels[i]]
         log_denominator = np.log(sum(np.exp(f[i] @ f[a] / temperature) for a in others))
-        losses.append(-np.mean([f[i] @ f[p] / temperature - log_denominator for p in positives]) if positives else 0.0)
+        losses.append(-np.mean([f[i] @ f[p] / temperature - log_denominator for p in positives]) if positives
+                      else 0.0)
     return np.mean(losses)
 
 
@@ -43,7 +44,8 @@ def test_virtual_dataset_is_a_function_of_the_key_with_distinct_class_means():
     between = np.mean([np.abs(means[i] - means[j]).mean() for i in range(4) for j in range(i)])
     assert between > 0.5 * spread  # classes are told apart by their means
     x, c = virtual_batch(a, jax.random.key(0), 32)
-    assert len(set(np.asarray(c).tolist())) > 1 and x.shape == (32, 16, 16, 3) and float(x.min()) >= -2.0 and float(x.max()) <= 2.0
+    assert (len(set(np.asarray(c).tolist())) > 1 and x.shape == (32, 16, 16, 3)
+            and float(x.min()) >= -2.0 and float(x.max()) <= 2.0)
 
 
 def test_the_alignment_term_gives_no_gradient_to_the_virtual_features():
@@ -60,7 +62,8 @@ def _run(image_root, algorithm, rounds=2):
                                                                                           "num_clients": 6}},
            "model": {"name": "simple_cnn"}, "algorithm": algorithm,
            "client": {"batch_size": 8, "local_steps": 3, "learning_rate": 0.05},
-           "rounds": {"num_rounds": rounds, "clients_per_round": 3}, "eval": {"every": rounds, "per_client": False}}
+           "rounds": {"num_rounds": rounds, "clients_per_round": 3},
+           "eval": {"every": rounds, "per_client": False}}
     experiment = build_experiment(validate(raw))
     state, metrics = experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=rounds)
     return experiment, state, metrics
@@ -70,7 +73,8 @@ def test_with_its_terms_off_vhl_is_fedavg_exactly(image_root):
     _, expected, _ = _run(image_root, {"name": "fedavg"})
     off = {"alpha": 0.0, "align_weight": 0.0, "virtual_weight": 0.0, "labels": "shared", "per_class": 10}
     _, state, _ = _run(image_root, {"name": "vhl", **off})
-    for x, y in zip(jax.tree.leaves(expected.server_state.params), jax.tree.leaves(state.server_state.params)):
+    for x, y in zip(jax.tree.leaves(expected.server_state.params),
+                    jax.tree.leaves(state.server_state.params)):
         np.testing.assert_array_equal(x, y)
 
 

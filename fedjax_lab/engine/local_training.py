@@ -262,6 +262,36 @@ def first_step_rate(optimizer: optax.GradientTransformation) -> jax.Array:
     return -update
 
 
+def batch_order_key(key: jax.Array, client: ClientData, schedule: LocalSchedule) -> jax.Array:
+    """The key of a client's batch order: this round's (``key``) when batches are reshuffled every round, else
+    the client's key for the whole run (``client.data_key``), so that its order is the same in every round."""
+    if schedule.reshuffle:
+        return jax.random.fold_in(key, Purpose.SHUFFLE)
+    if client.data_key is None:
+        raise ValueError("a fixed batch order (reshuffle=False) needs ClientData.data_key, the client's key "
+                         "for the whole run (run_round sets it)")
+    return jax.random.fold_in(client.data_key, Purpose.SHUFFLE)
+
+
+def _run_steps(step, carry, schedule: LocalSchedule, max_examples: int, num_steps: jax.Array, stacked: bool):
+    """Runs ``step(carry, s) -> (carry, output)`` over the local steps: a ``scan`` of the population's most
+    steps when outputs are stacked (they need a static length) or the budget is in steps, else a while
+    loop."""
+    if stacked:
+        return jax.lax.scan(step, carry, jnp.arange(schedule.max_steps(max_examples)), unroll=schedule.unroll)
+
+    # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the loop
+    # continues while any client is active) instead of to the population's largest client.
+    def body(loop):
+        s, carry = loop
+        for i in range(schedule.unroll):
+            carry = step(carry, s + i)[0]
+        return s + schedule.unroll, carry
+
+    _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body, (jnp.zeros((), jnp.int32), carry))
+    return carry, ()
+
+
 def train_locally(
     variables: Params,
     task: LossFn | Any,
@@ -286,14 +316,8 @@ def train_locally(
     """
     hooks = hooks or LocalHooks()
     max_examples = client.example_ids.shape[-1]
-    if schedule.reshuffle:
-        order_key = jax.random.fold_in(key, Purpose.SHUFFLE)
-    elif client.data_key is None:
-        raise ValueError("a fixed batch order (reshuffle=False) needs ClientData.data_key, the client's key "
-                         "for the whole run (run_round sets it)")
-    else:
-        order_key = jax.random.fold_in(client.data_key, Purpose.SHUFFLE)
-    permutations = epoch_permutations(order_key, client.num_examples, max_examples, schedule.num_epochs())
+    permutations = epoch_permutations(batch_order_key(key, client, schedule), client.num_examples,
+                                      max_examples, schedule.num_epochs())
     num_steps = schedule.client_steps(client.num_examples)
     params, model_state = split_variables(variables)
     loss_fn = objective(as_forward(task), hooks)
@@ -335,22 +359,8 @@ def train_locally(
 
     carry = (params, model_state, full_optimizer.init(params), tracker_init(), running_init(),
              jnp.zeros((), jnp.float32))
-    if schedule.local_steps is not None or hooks.step_output is not None:
-        # Stacked outputs need a static length: the most steps a client of this population can take.
-        carry, outputs = jax.lax.scan(step, carry, jnp.arange(schedule.max_steps(max_examples)),
-                                      unroll=schedule.unroll)
-    else:
-        # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the
-        # loop continues while any client is active) instead of to the population's largest client.
-        def body(loop):
-            s, carry = loop
-            for i in range(schedule.unroll):
-                carry = step(carry, s + i)[0]
-            return s + schedule.unroll, carry
-
-        _, carry = jax.lax.while_loop(lambda loop: loop[0] < num_steps, body,
-                                      (jnp.zeros((), jnp.int32), carry))
-        outputs = ()
+    stacked = schedule.local_steps is not None or hooks.step_output is not None
+    carry, outputs = _run_steps(step, carry, schedule, max_examples, num_steps, stacked)
     params, model_state, _, tracker, running, loss_sum = carry
     trained = merge_variables(params, model_state, variables)
     unit_step = -tracker[0] if hooks.unit_step else jnp.full((), jnp.nan, jnp.float32)

@@ -1,4 +1,5 @@
-"""Experiment configuration: YAML files plus ``dotted.key=value`` overrides, validated before anything compiles.
+"""Experiment configuration: YAML files plus ``dotted.key=value`` overrides, validated before anything
+compiles.
 
 The schema is a tree of pydantic models that forbid unknown keys, so a misspelt key, a value out of range or
 an unknown name fails with a message naming the field, the value given and what is allowed.
@@ -19,10 +20,7 @@ import yaml
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validator
 
 from fedjax_lab.methods import registry
-
-
-class ConfigError(ValueError):
-    """A configuration is invalid; the message lists every problem, one per line, by dotted field name."""
+from fedjax_lab.methods.registry import ConfigError
 
 
 class Section(registry.Fields):
@@ -36,12 +34,15 @@ class SyntheticDataset(Section):
     name: Literal["synthetic"]
     alpha: float = Field(1.0, ge=0, description="how much the clients' models differ (the paper's alpha)")
     beta: float = Field(1.0, ge=0, description="how much the clients' inputs differ (the paper's beta)")
-    iid: bool = Field(False, description="Synthetic-IID: one model and one input distribution for all clients")
-    num_clients: PositiveInt = Field(30, description="clients (their sizes follow a lognormal, as in the paper)")
+    iid: bool = Field(
+        False, description="Synthetic-IID: one model and one input distribution for all clients")
+    num_clients: PositiveInt = Field(
+        30, description="clients (their sizes follow a lognormal, as in the paper)")
     dimension: PositiveInt = Field(60, description="input features")
     num_classes: int = Field(10, ge=2, description="classes")
-    train_fraction: float = Field(0.9, gt=0, lt=1, description="each client's rows kept for training; the rest "
-                                                               "are its test rows, pooled for the test set")
+    train_fraction: float = Field(0.9, gt=0, lt=1, description="each client's rows kept for training; the "
+                                                               "rest are its test rows, pooled for the test "
+                                                               "set")
     seed: int | None = Field(None, ge=0, description="generator seed; defaults to the run's seed")
 
 
@@ -54,8 +55,8 @@ class GaussianMixtureDataset(Section):
     num_classes: int = Field(10, ge=2, description="classes, one Gaussian each")
     dimension: PositiveInt = Field(20, description="input features")
     separation: PositiveFloat = Field(1.0, description="distance scale between the class means")
-    label_alpha: PositiveFloat | None = Field(0.5, description="Dirichlet concentration of each client's class mix; "
-                                                               "null: balanced")
+    label_alpha: PositiveFloat | None = Field(0.5, description="Dirichlet concentration of each client's "
+                                                               "class mix; null: balanced")
     train_fraction: float = Field(0.8, gt=0, lt=1, description="each client's rows kept for training")
     seed: int | None = Field(None, ge=0, description="generator seed; defaults to the run's seed")
 
@@ -77,8 +78,8 @@ class PartitionConfig(Section):
     noise: float = Field(0.1, ge=0, description="feature_skew: client i gets noise * i / (n - 1)")
     case: Literal[1, 2, 3] = Field(1, description="bherd_case")
     by: Literal["label", "fine_label"] = Field(
-        "label", description="fine_label: deal CIFAR-100's rows by its 100 fine classes while the task is the 20 "
-                             "superclasses (labels: coarse; Feddle's concept drift)")
+        "label", description="fine_label: deal CIFAR-100's rows by its 100 fine classes while the task is "
+                             "the 20 superclasses (labels: coarse; Feddle's concept drift)")
     file: str | None = Field(None, description="load a saved partition.npz instead of partitioning")
     seed: int | None = Field(None, ge=0, description="defaults to the run's seed")
 
@@ -87,19 +88,21 @@ class ServerDataConfig(Section):
     """Data held by the server and by no client (FedWalk, Feddle)."""
 
     kind: Literal["in_domain", "out_of_domain", "withheld_classes"] = Field(
-        description="in_domain: rows of the same dataset; out_of_domain: rows of another; withheld_classes: the "
-                    "rows of classes no client sees")
+        description="in_domain: rows of the same dataset; out_of_domain: rows of another; withheld_classes: "
+                    "the rows of classes no client sees")
     size: PositiveInt = Field(1000, description="rows the server holds")
     dataset: str | None = Field(None, description="out_of_domain: another dataset of the same source")
-    data_dir: str | None = Field(None, description="out_of_domain: where that dataset is (default dataset.data_dir; "
-                                                   "for image_folder, the other dataset's root)")
+    data_dir: str | None = Field(None, description="out_of_domain: where that dataset is (default "
+                                                   "dataset.data_dir; for image_folder, the other dataset's "
+                                                   "root)")
     classes: tuple[int | str, ...] = Field((), description="withheld_classes: classes no client sees; "
-                                                           "out_of_domain: the other dataset's classes to keep "
-                                                           "(relabelled 0, 1, ... in this order). Ids or names")
+                                                           "out_of_domain: the other dataset's classes to "
+                                                           "keep (relabelled 0, 1, ... in this order). Ids "
+                                                           "or names")
     stratified: bool = Field(True, description="in_domain: balance the classes")
-    split: Literal["train", "test"] = Field("train", description="in_domain: carve from the training rows (no "
-                                                                 "client gets them), or from the test set, "
-                                                                 "evaluating on the rest (Feddle)")
+    split: Literal["train", "test"] = Field("train", description="in_domain: carve from the training rows "
+                                                                 "(no client gets them), or from the test "
+                                                                 "set, evaluating on the rest (Feddle)")
 
     @model_validator(mode="after")
     def _fields_for_kind(self):
@@ -119,10 +122,12 @@ class ImageDataset(Section):
     """A centralised image dataset from local archives or tensorflow-datasets, partitioned into clients."""
 
     name: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "svhn_cropped", "image_folder"]
-    source: Literal["local", "tfds"] = Field("local", description="local: this project's archives (`fedjax-lab data "
-                                                                  "prepare`); tfds: tensorflow-datasets")
-    data_dir: str | None = Field(None, description="local: folder of the archives (default $FEDJAX_LAB_DATA or "
-                                                   "../shared/data); tfds: the tfds data dir; image_folder: root")
+    source: Literal["local", "tfds"] = Field("local", description="local: this project's archives "
+                                                                  "(`fedjax-lab data prepare`); tfds: "
+                                                                  "tensorflow-datasets")
+    data_dir: str | None = Field(None, description="local: folder of the archives (default $FEDJAX_LAB_DATA "
+                                                   "or ../shared/data); tfds: the tfds data dir; "
+                                                   "image_folder: root")
     tfds_name: str | None = Field(None, description="tfds builder name when it differs, e.g. emnist/balanced")
     labels: Literal["fine", "coarse", "parity"] = Field("fine", description="coarse: CIFAR-100 superclasses; "
                                                                             "parity: even (1) vs odd (0)")
@@ -131,9 +136,10 @@ class ImageDataset(Section):
     standardize: bool = Field(True, description="per-channel standardisation with training-set statistics")
     augment: Literal["none", "flip", "crop_flip"] = Field("none", description="training-time augmentation of "
                                                                              "the clients' batches")
-    subset: PositiveInt | None = Field(None, description="keep only the first n training rows (official order), "
-                                                         "for a run at a smaller scale")
-    seed: int | None = Field(None, ge=0, description="the partition's and augmentation's seed; defaults to the run's seed")
+    subset: PositiveInt | None = Field(None, description="keep only the first n training rows (official "
+                                                         "order), for a run at a smaller scale")
+    seed: int | None = Field(
+        None, ge=0, description="the partition's and augmentation's seed; defaults to the run's seed")
 
     @property
     def num_clients(self) -> int:
@@ -147,14 +153,15 @@ class ImageDataset(Section):
             raise ValueError("dataset.data_dir is required for image_folder (root of train/<class>/<image>)")
         s = self.server_data
         same_folder = s is not None and s.data_dir in (None, self.data_dir)
-        if s is not None and s.kind == "out_of_domain" and s.dataset in (self.name, self.tfds_name) and same_folder:
-            raise ValueError(f"dataset.server_data.dataset: out-of-domain data must come from another dataset than "
-                             f"dataset.name={self.name!r} (its rows would duplicate the clients'); use "
-                             "dataset.server_data.kind=in_domain to carve server data from the training rows, or "
-                             "dataset.server_data.data_dir for another copy")
+        if (s is not None and s.kind == "out_of_domain" and s.dataset in (self.name, self.tfds_name)
+                and same_folder):
+            raise ValueError("dataset.server_data.dataset: out-of-domain data must come from another "
+                             f"dataset than dataset.name={self.name!r} (its rows would duplicate the "
+                             "clients'); use dataset.server_data.kind=in_domain to carve server data from "
+                             "the training rows, or dataset.server_data.data_dir for another copy")
         if self.partition.by == "fine_label" and (self.name != "cifar100" or self.labels != "coarse"):
-            raise ValueError("dataset.partition.by: fine_label needs dataset.name=cifar100 and dataset.labels=coarse, "
-                             f"got name={self.name!r}, labels={self.labels!r}")
+            raise ValueError("dataset.partition.by: fine_label needs dataset.name=cifar100 and "
+                             f"dataset.labels=coarse, got name={self.name!r}, labels={self.labels!r}")
         return self
 
 
@@ -162,7 +169,8 @@ class ShakespeareDataset(Section):
     """Federated Shakespeare: one client per role (natural partition), next-character prediction."""
 
     name: Literal["shakespeare"]
-    data_dir: str | None = Field(None, description="folder of the archive (default $FEDJAX_LAB_DATA or ../shared/data)")
+    data_dir: str | None = Field(
+        None, description="folder of the archive (default $FEDJAX_LAB_DATA or ../shared/data)")
     sequence_length: PositiveInt = Field(80, description="characters per example")
     num_clients: PositiveInt = Field(715, le=715, description="the first num_clients roles")
 
@@ -172,22 +180,23 @@ DatasetConfig = Annotated[SyntheticDataset | GaussianMixtureDataset | ImageDatas
 
 
 # ------------------------------------------------------------------------------------------------- models
-MODELS = ("logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "feddle_cnn",
-          "resnet8", "resnet18", "char_rnn")
+MODELS = ("logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
+          "feddle_cnn", "resnet8", "resnet18", "char_rnn")
 
 
 class ModelConfig(Section):
     """A model of the zoo (``fedjax_lab/models``)."""
 
     name: Literal["logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
-                  "feddle_cnn", "resnet8", "resnet18", "char_rnn"] = Field(description="the model (`fedjax_lab/models/`)")
+                  "feddle_cnn", "resnet8", "resnet18", "char_rnn"] = Field(
+        description="the model (`fedjax_lab/models/`)")
     hidden: tuple[PositiveInt, ...] = Field((200, 200), description="mlp")
     padding: Literal["SAME", "VALID"] = Field("SAME", description="fedavg_cnn")
     norm: Literal["batch", "group", "none"] = Field("batch", description="resnet8, resnet18")
     groups: PositiveInt = Field(2, description="GroupNorm groups")
     lowering: Literal["auto", "xla", "im2col", "banded"] = Field(
-        "auto", description="CNN and ResNet convolutions (speed only); auto: banded on CPU (im2col for ResNets), "
-                            "xla elsewhere")
+        "auto", description="CNN and ResNet convolutions (speed only); auto: banded on CPU (im2col for "
+                            "ResNets), xla elsewhere")
     l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
     embed_dim: PositiveInt = Field(8, description="char_rnn")
     rnn_hidden: PositiveInt = Field(256, description="char_rnn")
@@ -200,16 +209,20 @@ class ClientConfig(Section):
     optimizer: Literal["sgd", "adam"] = Field("sgd", description="the clients' optimiser, fresh each round")
     learning_rate: PositiveFloat = Field(0.01, description="the clients' learning rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd momentum, within a round")
-    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient (coupled, as torch's SGD)")
+    weight_decay: float = Field(
+        0.0, ge=0, description="L2 penalty added to the gradient (coupled, as torch's SGD)")
     batch_size: PositiveInt = Field(10, description="rows per local step")
-    schedule: registry.ScheduleConfig = Field(registry.ScheduleConfig(), description="learning_rate over rounds")
-    local_steps: PositiveInt | None = Field(None, description="every client takes exactly this many steps a round")
-    local_epochs: PositiveInt | None = Field(None, description="client k takes E * ceil(n_k / B) steps a round")
-    drop_remainder: bool = Field(False, description="epochs of floor(n_k / B) full batches (BHerd's tau_k), not "
-                                                    "ceil(n_k / B) with a partial last batch")
+    schedule: registry.ScheduleConfig = Field(
+        registry.ScheduleConfig(), description="learning_rate over rounds")
+    local_steps: PositiveInt | None = Field(
+        None, description="every client takes exactly this many steps a round")
+    local_epochs: PositiveInt | None = Field(
+        None, description="client k takes E * ceil(n_k / B) steps a round")
+    drop_remainder: bool = Field(False, description="epochs of floor(n_k / B) full batches (BHerd's tau_k), "
+                                                    "not ceil(n_k / B) with a partial last batch")
     batch_order: Literal["reshuffle", "fixed"] = Field(
-        "reshuffle", description="reshuffle: a fresh permutation every epoch; fixed: one order per client for the "
-                                 "whole run (BHerd's non-RR)")
+        "reshuffle", description="reshuffle: a fresh permutation every epoch; fixed: one order per client "
+                                 "for the whole run (BHerd's non-RR)")
 
     @model_validator(mode="after")
     def _one_budget(self):
@@ -220,25 +233,27 @@ class ClientConfig(Section):
 
 
 AlgorithmConfig = registry.algorithm_union()
-"""``algorithm``: a registered base method's config, chosen by ``name`` (``fedjax_lab/methods/registry.py``)."""
+"""``algorithm``: a registered base method's config, chosen by ``name``
+(``fedjax_lab/methods/registry.py``)."""
 
 
 class RoundsConfig(Section):
     """The rounds of a run and each round's cohort."""
 
     num_rounds: PositiveInt = Field(100, description="rounds of the run")
-    clients_per_round: PositiveInt = Field(10, description="the cohort: clients sampled (without replacement) "
-                                                           "each round")
-    chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide clients_per_round. "
-                                             "Unset: on CPU 1 for CNNs and 2 otherwise, the whole cohort elsewhere. Never changes "
-                                             "results beyond float rounding")
+    clients_per_round: PositiveInt = Field(10, description="the cohort: clients sampled (without "
+                                                           "replacement) each round")
+    chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide "
+                                             "clients_per_round. Unset: on CPU 1 for CNNs and 2 otherwise, "
+                                             "the whole cohort elsewhere. Never changes results beyond float "
+                                             "rounding")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
 
     @model_validator(mode="after")
     def _chunk_divides(self):
         if self.chunk_size is not None and self.clients_per_round % self.chunk_size:
-            raise ValueError(f"rounds.chunk_size must divide rounds.clients_per_round={self.clients_per_round}, "
-                             f"got {self.chunk_size}")
+            raise ValueError("rounds.chunk_size must divide "
+                             f"rounds.clients_per_round={self.clients_per_round}, got {self.chunk_size}")
         return self
 
 
@@ -252,42 +267,49 @@ class AsynchronyConfig(Section):
     rounds: int = Field(0, ge=0, description="fixed: the delay")
     max_delay: int | None = Field(None, ge=0, description="delays are clipped to it; default ceil(4 sigma), "
                                                           "rounds, or 0. Sizes the in-flight store")
-    rounding: Literal["round", "floor", "ceil"] = Field("round", description="half_normal draw to whole rounds")
+    rounding: Literal["round", "floor", "ceil"] = Field(
+        "round", description="half_normal draw to whole rounds")
     max_in_flight: PositiveInt | None = Field(
         None, description="at most this many clients training at once (the store's slots); default "
-                          "min(num_clients, clients_per_round * (max_delay + 1)), which never limits dispatch")
+                          "min(num_clients, clients_per_round * (max_delay + 1)), which never limits "
+                          "dispatch")
 
 
 class EvalConfig(Section):
-    every: PositiveInt = Field(10, description="rounds between evaluations; also the rounds per compiled block")
+    every: PositiveInt = Field(
+        10, description="rounds between evaluations; also the rounds per compiled block")
     batch_size: PositiveInt = Field(1024, description="rows per evaluation batch (memory only)")
     per_client: bool = Field(True, description="also each client's accuracy on its own test rows "
                                                "(client_accuracy_mean, _min, _p10, _max, _std)")
     train: bool = Field(False, description="also evaluate the global model on all clients' training rows: "
                                            "full_train_loss (the training objective, l2 included) and "
                                            "full_train_accuracy")
-    local_models: int = Field(0, ge=0, description="also train the first n clients one round from the global model "
-                                                   "(not aggregated) and report their local models' test accuracy, "
-                                                   "that reweighted by each client's class mix, and their distance "
-                                                   "to their aggregate (FedCOG's Table 9, Fig. 2); 0: off")
-    dissimilarity: int = Field(0, ge=0, description="also measure the gradient dissimilarity of the first n clients "
-                                                    "at the global model, split into the model's lower and upper "
-                                                    "parts (FedImpro's Theorem 4.2); 0: off")
-    dissimilarity_examples: PositiveInt = Field(256, description="rows of each client the gradients are taken on")
+    local_models: int = Field(0, ge=0, description="also train the first n clients one round from the global "
+                                                   "model (not aggregated) and report their local models' "
+                                                   "test accuracy, that reweighted by each client's class "
+                                                   "mix, and their distance to their aggregate (FedCOG's "
+                                                   "Table 9, Fig. 2); 0: off")
+    dissimilarity: int = Field(0, ge=0, description="also measure the gradient dissimilarity of the first n "
+                                                    "clients at the global model, split into the model's "
+                                                    "lower and upper parts (FedImpro's Theorem 4.2); 0: off")
+    dissimilarity_examples: PositiveInt = Field(
+        256, description="rows of each client the gradients are taken on")
     dissimilarity_counterfactual: dict[str, float] = Field(
-        default_factory=dict, description="hyper-parameters (dotted paths, e.g. algorithm.weight) changed for a "
-                                          "second measurement at the same global model, reported with the suffix "
-                                          "_counterfactual ({algorithm.weight: 0}: FedImpro's clients without the "
-                                          "sampled features); needs eval.dissimilarity")
-    split: str | None = Field(None, description="the model stage that ends the lower part (default: fedimpro's "
-                                                "split, else the middle stage)")
-    target_accuracy: float | None = Field(None, gt=0, le=1, description="the summary reports the first evaluated "
-                                                                       "round reaching it (FedImpro's Table 2)")
+        default_factory=dict, description="hyper-parameters (dotted paths, e.g. algorithm.weight) changed "
+                                          "for a second measurement at the same global model, reported with "
+                                          "the suffix _counterfactual ({algorithm.weight: 0}: FedImpro's "
+                                          "clients without the sampled features); needs eval.dissimilarity")
+    split: str | None = Field(None, description="the model stage that ends the lower part (default: "
+                                                "fedimpro's split, else the middle stage)")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="the summary reports the first "
+                                                                       "evaluated round reaching it "
+                                                                       "(FedImpro's Table 2)")
 
     @model_validator(mode="after")
     def _counterfactual_needs_a_measurement(self):
         if self.dissimilarity_counterfactual and not self.dissimilarity:
-            raise ValueError("eval.dissimilarity_counterfactual needs eval.dissimilarity (the clients measured) > 0")
+            raise ValueError("eval.dissimilarity_counterfactual needs eval.dissimilarity (the clients "
+                             "measured) > 0")
         return self
 
 
@@ -295,25 +317,27 @@ class ParallelConfig(Section):
     """Devices and hosts (docs/scale.md): the cohort is split over ``devices`` with ``jax.sharding``; several
     processes (hosts) join through ``jax.distributed``, each running the same config."""
 
-    devices: PositiveInt | Literal["all"] = Field(1, description="devices the cohort is split over: a number, or "
-                                                                "'all' of every process's devices")
+    devices: PositiveInt | Literal["all"] = Field(1, description="devices the cohort is split over: a "
+                                                                "number, or 'all' of every process's devices")
     aggregation: Literal["auto", "streaming", "stacked"] = Field(
-        "auto", description="streaming reduces each chunk's messages as it finishes (bounded memory) where the "
-                            "method's server update is a weighted mean; auto: whenever the cohort is chunked or "
-                            "sharded")
-    memory_budget_gb: float | None = Field(None, gt=0, description="refuse a run whose compiled program needs more "
-                                                                   "(default: half the device's memory)")
+        "auto", description="streaming reduces each chunk's messages as it finishes (bounded memory) where "
+                            "the method's server update is a weighted mean; auto: whenever the cohort is "
+                            "chunked or sharded")
+    memory_budget_gb: float | None = Field(None, gt=0, description="refuse a run whose compiled program "
+                                                                   "needs more (default: half the device's "
+                                                                   "memory)")
     coordinator_address: str | None = Field(None, description="host:port of process 0, for jax.distributed "
-                                                              "(default: $JAX_COORDINATOR_ADDRESS; unset: one "
-                                                              "process)")
+                                                              "(default: $JAX_COORDINATOR_ADDRESS; unset: "
+                                                              "one process)")
     num_processes: PositiveInt | None = Field(None, description="default $JAX_NUM_PROCESSES")
     process_id: int | None = Field(None, ge=0, description="default $JAX_PROCESS_ID")
-    init_timeout_s: PositiveFloat = Field(300.0, description="how long the processes wait for each other at start-up "
-                                                             "before giving up with a message")
+    init_timeout_s: PositiveFloat = Field(300.0, description="how long the processes wait for each other at "
+                                                             "start-up before giving up with a message")
 
     @model_validator(mode="after")
     def _process_in_range(self):
-        if self.process_id is not None and self.num_processes is not None and self.process_id >= self.num_processes:
+        if (self.process_id is not None and self.num_processes is not None
+                and self.process_id >= self.num_processes):
             raise ValueError(f"parallel.process_id must be < parallel.num_processes={self.num_processes}, "
                              f"got {self.process_id}")
         return self
@@ -351,9 +375,9 @@ def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, 
     (SLURM, Open MPI, Kubernetes).
 
     Raises:
-      ConfigError: a value that is not of its field's kind, several processes without a coordinator ``host:port``,
-        or a process id not below ``num_processes``, naming the field and, for a value from the environment, the
-        variable.
+      ConfigError: a value that is not of its field's kind, several processes without a coordinator
+        ``host:port``, or a process id not below ``num_processes``, naming the field and, for a value from the
+        environment, the variable.
     """
     environ = os.environ if environ is None else environ
     values, origin, problems = {}, {}, []
@@ -379,11 +403,12 @@ def distributed_settings(parallel: ParallelConfig, environ: typing.Mapping[str, 
     if address is None and (count is None or count == 1):
         return None
     if address is None:
-        problems.append(f"parallel.coordinator_address: required for {count} processes (host:port of process 0); "
-                        "set it or $JAX_COORDINATOR_ADDRESS")
+        problems.append(f"parallel.coordinator_address: required for {count} processes (host:port of process "
+                        "0); set it or $JAX_COORDINATOR_ADDRESS")
     host, _, port = (address or "").rpartition(":")
     if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
-        problems.append(f"{origin['coordinator_address']}: must be host:port with a port in 1..65535, got {address!r}")
+        problems.append(f"{origin['coordinator_address']}: must be host:port with a port in 1..65535, got "
+                        f"{address!r}")
     if count is not None and index is not None and index >= count:
         problems.append(f"{origin['process_id']}: must be < num_processes={count}, got {index}")
     if problems:
@@ -399,7 +424,8 @@ class CheckpointConfig(Section):
 class Config(Section):
     """A whole experiment."""
 
-    seed: int = Field(0, ge=0, description="fixes everything: data, partition, initialisation, cohorts, shuffles")
+    seed: int = Field(
+        0, ge=0, description="fixes everything: data, partition, initialisation, cohorts, shuffles")
     dataset: DatasetConfig
     model: ModelConfig
     algorithm: AlgorithmConfig
@@ -428,12 +454,12 @@ class Config(Section):
         devices = self.parallel.devices
         if isinstance(devices, int) and devices > 1:
             if self.rounds.clients_per_round % devices:
-                return [(f"parallel.devices must divide rounds.clients_per_round={self.rounds.clients_per_round}, "
-                        f"got {devices}")]
+                return [("parallel.devices must divide "
+                        f"rounds.clients_per_round={self.rounds.clients_per_round}, got {devices}")]
             share = self.rounds.clients_per_round // devices
             if self.rounds.chunk_size is not None and share % self.rounds.chunk_size:
-                return [(f"rounds.chunk_size must divide each device's share of the cohort ({share} clients over "
-                        f"{devices} devices), got {self.rounds.chunk_size}")]
+                return [(f"rounds.chunk_size must divide each device's share of the cohort ({share} clients "
+                        f"over {devices} devices), got {self.rounds.chunk_size}")]
         return []
 
     def _arrival_problems(self) -> list[str]:
@@ -443,14 +469,14 @@ class Config(Section):
         delay = a.rounds if a.max_delay is None else min(a.rounds, a.max_delay)
         total = self.rounds.num_rounds
         if delay >= total:
-            return [(f"asynchrony.rounds: a job sent in round r arrives in round r + {delay}, after the last of "
-                    f"rounds.num_rounds={total}, so no update would ever arrive; use a delay < {total}")]
+            return [(f"asynchrony.rounds: a job sent in round r arrives in round r + {delay}, after the last "
+                    f"of rounds.num_rounds={total}, so no update would ever arrive; use a delay < {total}")]
         arrivals = self.rounds.clients_per_round * (total - delay)
         buffer = self.algorithm.buffer_size
         if buffer is not None and arrivals < buffer:
             return [(f"algorithm.buffer_size: at most {arrivals} updates arrive in {total} rounds with "
-                    f"asynchrony.rounds={delay}, fewer than the {buffer} the server waits for, so it would never "
-                    f"step; use a buffer_size <= {arrivals}")]
+                    f"asynchrony.rounds={delay}, fewer than the {buffer} the server waits for, so it would "
+                    f"never step; use a buffer_size <= {arrivals}")]
         return []
 
     def _method_problems(self) -> list[str]:
@@ -469,15 +495,16 @@ class Config(Section):
             problems.append(f"asynchrony.max_in_flight must be >= rounds.clients_per_round="
                             f"{self.rounds.clients_per_round}, got {self.asynchrony.max_in_flight}")
         for name in dict.fromkeys(names):
-            if registry.REGISTRY[name].needs_server_data and getattr(self.dataset, "server_data", None) is None:
-                problems.append(f"algorithm: {name} needs data held by the server: set dataset.server_data (an "
-                                "image dataset's data held by the server)")
+            if (registry.REGISTRY[name].needs_server_data
+                    and getattr(self.dataset, "server_data", None) is None):
+                problems.append(f"algorithm: {name} needs data held by the server: set dataset.server_data "
+                                "(an image dataset's data held by the server)")
         return problems
 
 
 # ------------------------------------------------------------------------------------------- loading
-_DATASETS = {"synthetic": SyntheticDataset, "gaussian_mixture": GaussianMixtureDataset, "shakespeare": ShakespeareDataset,
-             **{name: ImageDataset for name in IMAGE_DATASETS}}
+_DATASETS = {"synthetic": SyntheticDataset, "gaussian_mixture": GaussianMixtureDataset,
+             "shakespeare": ShakespeareDataset, **{name: ImageDataset for name in IMAGE_DATASETS}}
 
 
 def _allowed_keys(model: type[BaseModel] | None) -> list[str]:
@@ -515,7 +542,8 @@ def _section_of(annotation: Any) -> type[BaseModel] | None:
 
 def _unknown_key(error: dict, path: str, key: str) -> str:
     allowed = _allowed_keys(_section_model(error["loc"]))
-    method = next((p for p in reversed(error["loc"][:-1]) if isinstance(p, str) and p in registry.REGISTRY), None)
+    method = next((p for p in reversed(error["loc"][:-1]) if isinstance(p, str) and p in registry.REGISTRY),
+                  None)
     if method is not None:
         others = [m for m in registry.owners(key) if m != method]
         whose = f" (it is a field of {', '.join(others)})" if others else ""
@@ -557,8 +585,8 @@ _MODELS: dict[tuple[str, ...], type[Config]] = {tuple(registry.REGISTRY): Config
 
 
 def config_model() -> type[Config]:
-    """:class:`Config`, with ``algorithm`` covering every method registered so far (methods registered after this
-    module was imported, as in ``docs/extending.md``, included)."""
+    """:class:`Config`, with ``algorithm`` covering every method registered so far (methods registered after
+    this module was imported, as in ``docs/extending.md``, included)."""
     names = tuple(registry.REGISTRY)
     if names not in _MODELS:
         _MODELS[names] = pydantic.create_model("Config", __base__=Config, __doc__=Config.__doc__,
@@ -567,8 +595,8 @@ def config_model() -> type[Config]:
 
 
 def validate(raw: dict) -> Config:
-    """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem: each
-    field's, and the problems across sections that do not involve a field already wrong."""
+    """Validates a nested dict into a :class:`Config`, or raises :class:`ConfigError` listing every problem:
+    each field's, and the problems across sections that do not involve a field already wrong."""
     try:
         return config_model().model_validate(raw)
     except pydantic.ValidationError as exc:
@@ -578,9 +606,9 @@ def validate(raw: dict) -> Config:
 
 
 def _independent_problems(raw: dict, errors: list[dict]) -> list[str]:
-    """The checks across sections (``Config._consistent``), which pydantic runs only once every field is valid,
-    run on ``raw`` with the wrong fields (or sections) dropped; a problem that names a dropped field is left out,
-    since it may come from the default that replaced it."""
+    """The checks across sections (``Config._consistent``), which pydantic runs only once every field is
+    valid, run on ``raw`` with the wrong fields (or sections) dropped; a problem that names a dropped field is
+    left out, since it may come from the default that replaced it."""
     if any(e["type"] in ("missing", "union_tag_invalid", "union_tag_not_found") for e in errors):
         return []  # a section whose kind is unknown or a required field: nothing to check against
     repaired, dropped = copy.deepcopy(raw), []
@@ -617,8 +645,8 @@ def _drop(raw: Any, loc: list) -> bool:
 
 
 def apply_override(raw: dict, override: str) -> dict:
-    """Sets ``a.b.c=value`` in a nested dict; ``value`` is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``). In a
-    list, a key is an index or the ``name`` of an entry: ``algorithm.plugins.fedwalk.tau=1``."""
+    """Sets ``a.b.c=value`` in a nested dict; ``value`` is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``). In
+    a list, a key is an index or the ``name`` of an entry: ``algorithm.plugins.fedwalk.tau=1``."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like dotted.key=value")
     path, _, text = override.partition("=")
@@ -637,7 +665,8 @@ def apply_override(raw: dict, override: str) -> dict:
     try:
         node[keys[-1]] = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
+        raise ConfigError(f"override {override!r}: the value is not valid YAML "
+                          f"({_yaml_problem(exc)})") from None
     return raw
 
 
@@ -648,8 +677,8 @@ def _list_entry(entries: list, key: str, override: str) -> dict:
     named = [e for e in entries if isinstance(e, dict) and e.get("name") == key]
     if not named:
         names = [e.get("name") for e in entries if isinstance(e, dict)]
-        raise ConfigError(f"override {override!r}: no entry {key!r} in the list (its entries: {names}; add one "
-                          f"with the whole list, e.g. ...=[{{name: {key}}}])")
+        raise ConfigError(f"override {override!r}: no entry {key!r} in the list (its entries: {names}; add "
+                          f"one with the whole list, e.g. ...=[{{name: {key}}}])")
     return named[0]
 
 
@@ -664,14 +693,14 @@ def deep_merge(base: dict, changes: dict) -> dict:
     """``base`` with ``changes`` applied: nested mappings merge key by key, anything else is replaced."""
     merged = dict(base)
     for key, value in changes.items():
-        merged[key] = deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key),
-                                                                                                 dict) else value
+        merged[key] = (deep_merge(merged[key], value)
+                       if isinstance(value, dict) and isinstance(merged.get(key), dict) else value)
     return merged
 
 
 def read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """A YAML config as a dict, with ``extends: other.yaml`` (relative to this file) resolved: this file's keys
-    are merged over the other's."""
+    """A YAML config as a dict, with ``extends: other.yaml`` (relative to this file) resolved: this file's
+    keys are merged over the other's."""
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     if path.resolve() in seen:
@@ -691,7 +720,8 @@ def read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
-    """Reads a YAML config (resolving ``extends``), applies ``dotted.key=value`` overrides, and validates it."""
+    """Reads a YAML config (resolving ``extends``), applies ``dotted.key=value`` overrides, and validates
+    it."""
     raw = read_raw(Path(path))
     for override in overrides:
         apply_override(raw, override)
@@ -745,8 +775,8 @@ def check_resumable(stored_yaml: str, config: Config, where: str) -> None:
     differences = config_differences(stored, config.model_dump(mode="json"))
     if differences:
         raise ConfigError(f"cannot resume {where}: the config given differs from its config.yaml in\n  "
-                          + "\n  ".join(differences) + "\nresume with the same config (or its config.yaml), or "
-                          "start a new run directory")
+                          + "\n  ".join(differences) + "\nresume with the same config (or its config.yaml), "
+                          "or start a new run directory")
 
 
 Grid = dict[str, list[Any]]
@@ -754,14 +784,15 @@ Grid = dict[str, list[Any]]
 
 
 def split_grid_args(args: list[str]) -> tuple[Grid, list[str]]:
-    """Command-line ``key=v1,v2,...`` items (a comma outside brackets) into grid axes, the others into overrides."""
+    """Command-line ``key=v1,v2,...`` items (a comma outside brackets) into grid axes, the others into
+    overrides."""
     grid, overrides, seen = {}, [], {}
     for arg in args:
         key, sep, text = arg.partition("=")
         key = key.strip()
         if sep and key in seen:
-            raise ConfigError(f"{key} is given twice ({seen[key]!r} and {arg!r}); give each key once (a grid axis "
-                              f"lists all its values: {key}=v1,v2,...)")
+            raise ConfigError(f"{key} is given twice ({seen[key]!r} and {arg!r}); give each key once (a grid "
+                              f"axis lists all its values: {key}=v1,v2,...)")
         seen[key] = arg
         parts = _top_level_split(text)
         if sep and len(parts) > 1:

@@ -36,7 +36,8 @@ from fedjax_lab.engine import init_loop_state, randomness, run_round
 from fedjax_lab.engine.sharding import client_mesh
 from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams
-from fedjax_lab.experiments.build import CONV_MODELS, build_experiment
+from fedjax_lab.experiments.build import build_experiment
+from fedjax_lab.experiments.classifiers import CONV_MODELS
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
 from fedjax_lab.experiments.run_directory import (
     RunDirectory,
@@ -278,18 +279,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
     """The shared program's host loop: blocks of rounds, then each member's evaluation, metrics,
     checkpoint."""
     total = members[0].config.rounds.num_rounds
-    taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
-    if taken and not resume:
-        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members "
-                          f"({', '.join(taken)}); "
-                          "pass --resume to continue them or --overwrite to start again")
-    plans = [check_run_directory(m.config, sweep_dir / m.name, resume, overwrite=False) for m in members]
-    resumed = [action == "resume" for action, _ in plans]
-    if any(resumed) and not all(resumed):
-        fresh = [m.name for m, r in zip(members, resumed) if not r]
-        raise ConfigError(f"cannot resume {sweep_dir} as one program: members {', '.join(fresh)} have no "
-                          "checkpoint while the others have; resume each with fedjax-lab run "
-                          "MEMBER/config.yaml --run-dir MEMBER --resume, or start again with --overwrite")
+    resumed = _check_members(members, sweep_dir, resume)
     finished = [sweep_dir / m.name / "summary.json" for m in members]
     if all(resumed) and all(f.exists() and _done(read_metrics(f.parent), total) for f in finished):
         print(f"fedjax-lab: every member of {sweep_dir} has finished all {total} rounds; nothing to resume",
@@ -302,36 +292,71 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
         for m in members:
             clear_run(sweep_dir / m.name)
     program = build_sweep_program(members, chunk)
-    experiment = program.experiment
     directories = [RunDirectory(sweep_dir / m.name, m.config.checkpoint.keep) for m in members]
-    states = program.initial_states()
     if all(resumed):
-        states = _stack([d.restore_checkpoint(_member(states, i)) for i, d in enumerate(directories)])
-        first = int(states.round[0])
-        if any(int(r) != first for r in states.round):
-            raise ConfigError(f"cannot resume {sweep_dir}: its members' checkpoints are at different rounds "
-                              f"({sorted({int(r) for r in states.round})}); resume them one by one with "
-                              "fedjax-lab run")
-        # A member that diverged stopped writing at its divergence; it stays stopped (its state still runs
-        # along).
-        diverged = [(d.read_metrics() or [{}])[-1].get("diverged") for d in directories]
-        for d, reason in zip(directories, diverged):
-            if not reason:
-                d.truncate_metrics(first)
-            (d.path / "summary.json").unlink(missing_ok=True)
+        states, diverged = _restore_members(program, directories, sweep_dir)
     else:
-        diverged = [None] * len(members)
-        for i, (member, d) in enumerate(zip(members, directories)):
-            write_atomically(d.config_path, to_yaml(member.config))
-            with naming(d.path / "partition.*"):
-                write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
-            d.metrics_path.write_text("")
-            d.append_metrics([{"round": 0,
-                               **experiment.evaluate_params(member_params(experiment, states, i))}])
-
-    config = members[0].config
-    every = config.eval.every
+        states, diverged = _start_members(program, members, directories)
     stop = total if stop_after_round is None else min(stop_after_round, total)
+    states, timings = _run_blocks(program, members, directories, states, diverged, sweep_dir, stop, progress,
+                                  stop_request)
+    return _finish_members(program.experiment, members, directories, states, diverged, timings)
+
+
+def _check_members(members: list[Member], sweep_dir: Path, resume: bool) -> list[bool]:
+    """Whether each member resumes; refuses runs that would be overwritten, or a sweep whose members cannot
+    resume together."""
+    taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
+    if taken and not resume:
+        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members "
+                          f"({', '.join(taken)}); "
+                          "pass --resume to continue them or --overwrite to start again")
+    plans = [check_run_directory(m.config, sweep_dir / m.name, resume, overwrite=False) for m in members]
+    resumed = [action == "resume" for action, _ in plans]
+    if any(resumed) and not all(resumed):
+        fresh = [m.name for m, r in zip(members, resumed) if not r]
+        raise ConfigError(f"cannot resume {sweep_dir} as one program: members {', '.join(fresh)} have no "
+                          "checkpoint while the others have; resume each with fedjax-lab run "
+                          "MEMBER/config.yaml --run-dir MEMBER --resume, or start again with --overwrite")
+    return resumed
+
+
+def _restore_members(program: SweepProgram, directories: list[RunDirectory], sweep_dir: Path):
+    """The members' stacked states from their checkpoints (all at one round), and which had diverged."""
+    initial = program.initial_states()
+    states = _stack([d.restore_checkpoint(_member(initial, i)) for i, d in enumerate(directories)])
+    first = int(states.round[0])
+    if any(int(r) != first for r in states.round):
+        raise ConfigError(f"cannot resume {sweep_dir}: its members' checkpoints are at different rounds "
+                          f"({sorted({int(r) for r in states.round})}); resume them one by one with "
+                          "fedjax-lab run")
+    # A member that diverged stopped writing at its divergence; it stays stopped (its state still runs along).
+    diverged = [(d.read_metrics() or [{}])[-1].get("diverged") for d in directories]
+    for d, reason in zip(directories, diverged):
+        if not reason:
+            d.truncate_metrics(first)
+        (d.path / "summary.json").unlink(missing_ok=True)
+    return states, diverged
+
+
+def _start_members(program: SweepProgram, members: list[Member], directories: list[RunDirectory]):
+    """The members' initial states, with each run directory's config, partition report and round-0 row."""
+    experiment, states = program.experiment, program.initial_states()
+    for i, (member, d) in enumerate(zip(members, directories)):
+        write_atomically(d.config_path, to_yaml(member.config))
+        with naming(d.path / "partition.*"):
+            write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
+        d.metrics_path.write_text("")
+        d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
+    return states, [None] * len(members)
+
+
+def _run_blocks(program: SweepProgram, members: list[Member], directories: list[RunDirectory], states,
+                diverged: list, sweep_dir: Path, stop: int, progress: bool, stop_request: StopOnSignal):
+    """Runs blocks of rounds up to ``stop``, writing each live member's rows (and evaluation) after each block
+    and checkpointing every member together; returns the states and the blocks' timings."""
+    experiment, config = program.experiment, members[0].config
+    total, every = config.rounds.num_rounds, config.eval.every
     initial_losses = [d.read_metrics()[0].get("test_loss", 1.0) for d in directories]
     timings, blocks_run = [], 0
     bar = tqdm(total=total, initial=int(states.round[0]), unit="round", disable=not progress,
@@ -370,8 +395,15 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
             d.save_checkpoint(_member(states, i))                   # so that all resume from the same round
         bar.update(num_rounds)
     bar.close()
+    return states, timings
+
+
+def _finish_members(experiment, members: list[Member], directories: list[RunDirectory], states,
+                    diverged: list, timings) -> list[dict[str, Any]]:
+    """Each member's summary, written (with its curves) when it finished or diverged."""
+    total = members[0].config.rounds.num_rounds
     summaries = []
-    for i, (member, d) in enumerate(zip(members, directories)):
+    for i, d in enumerate(directories):
         summary = {**_summarise(d, timings, experiment), "diverged": diverged[i],
                    "sweep_members_per_program": len(members)}
         if int(states.round[0]) == total or diverged[i]:

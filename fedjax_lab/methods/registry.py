@@ -3,17 +3,17 @@ type of ``algorithm``. Imports no JAX, so configs validate in milliseconds.
 
 Each method is a package, ``fedjax_lab/methods/<name>/``:
 
-* ``__init__.py``: its config, a pydantic class holding only its own fields with its paper's defaults, decorated
-  with :func:`register`. It imports no JAX;
-* ``method.py``: what its paper changes, with the equations, and its builder ``build(config, context)``, imported
-  only when a run is built. A *component* method's builder returns the
+* ``__init__.py``: its config, a pydantic class holding only its own fields with its paper's defaults,
+  decorated with :func:`register`. It imports no JAX;
+* ``method.py``: what its paper changes, with the equations, and its builder ``build(config, context)``,
+  imported only when a run is built. A *component* method's builder returns the
   :class:`~fedjax_lab.engine.components.Component` s it adds to the round (``-> tuple[Component, ...]``); a
   *wrapper* plug-in's builder returns a function from one algorithm to another
   (``-> Callable[[Algorithm], Algorithm]``).
 
 ``register`` also says where a method may appear: as ``algorithm.name`` (a base method, which also takes the
-server optimiser's fields of :class:`AlgorithmFields`), in ``algorithm.plugins`` (added to a base), or both. So
-``algorithm: {name: scaffold, plugins: [{name: fedprox, mu: 0.01}, {name: fedwalk, tau: 1.0}]}`` is
+server optimiser's fields of :class:`AlgorithmFields`), in ``algorithm.plugins`` (added to a base), or both.
+So ``algorithm: {name: scaffold, plugins: [{name: fedprox, mu: 0.01}, {name: fedwalk, tau: 1.0}]}`` is
 SCAFFOLD + FedProx + FedWalk. Every package under ``methods/`` is found and registered when this module is
 imported; ``docs/extending.md`` walks through adding one.
 """
@@ -41,13 +41,21 @@ if typing.TYPE_CHECKING:  # for the annotations only: this module imports no JAX
     from fedjax_lab.models import Classifier
 
 
+class ConfigError(ValueError):
+    """A configuration is invalid; the message lists every problem, one per line, by dotted field name.
+
+    Defined here, with no JAX, so that a method's builder can refuse a config;
+    ``fedjax_lab.experiments.ConfigError`` is this class."""
+
+
 def _admits_bool(annotation: Any) -> bool:
     return annotation is bool or any(_admits_bool(arg) for arg in typing.get_args(annotation))
 
 
 class Fields(BaseModel):
     """Config fields: unknown keys are errors, values are frozen, floats must be finite unless a field says
-    otherwise, and a boolean is not taken for a number (YAML reads ``yes``, ``no``, ``on``, ``off`` as booleans)."""
+    otherwise, and a boolean is not taken for a number (YAML reads ``yes``, ``no``, ``on``, ``off`` as
+    booleans)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -59,8 +67,8 @@ class Fields(BaseModel):
                 field = cls.model_fields.get(name)
                 if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
                     raise PydanticCustomError(
-                        "bool_for_number", "{field}: expected a number or a name, got the boolean {value} (YAML "
-                        "reads yes, no, on and off as booleans)", {"field": name, "value": str(value)})
+                        "bool_for_number", "{field}: expected a number or a name, got the boolean {value} "
+                        "(YAML reads yes, no, on and off as booleans)", {"field": name, "value": str(value)})
         return data
 
 
@@ -68,14 +76,15 @@ class ScheduleConfig(Fields):
     """A learning rate's multiplier over rounds (``fedjax_lab/experiments/hyperparams.py``)."""
 
     name: Literal["constant", "step", "exponential", "cosine"] = Field("constant", description="the schedule")
-    boundaries: tuple[PositiveInt, ...] = Field((), description="step: rounds from which the rate is multiplied by "
-                                                                "factor once more")
+    boundaries: tuple[PositiveInt, ...] = Field((), description="step: rounds from which the rate is "
+                                                                "multiplied by factor once more")
     factor: PositiveFloat = Field(0.1, description="step: the multiplier at each boundary; exponential: the "
                                                    "multiplier after decay_rounds")
     decay_rounds: PositiveInt | None = Field(None, description="exponential, cosine: the decay's length "
                                                                "(default rounds.num_rounds)")
     final_fraction: float = Field(0.0, ge=0, le=1, description="cosine: the final multiplier")
-    warmup_rounds: int = Field(0, ge=0, description="linear warm-up from 1/warmup_rounds to 1 first (any schedule)")
+    warmup_rounds: int = Field(
+        0, ge=0, description="linear warm-up from 1/warmup_rounds to 1 first (any schedule)")
 
 
 class AlgorithmFields(Fields):
@@ -83,21 +92,22 @@ class AlgorithmFields(Fields):
     the average, and the plug-ins added to the method."""
 
     server_optimizer: Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"] = Field(
-        "sgd", description="the server's step on the averaged delta; momentum_fedcog: FedCOG's code variant of "
-                           "FedAvgM (x - v / (1 + beta))")
-    server_learning_rate: PositiveFloat = Field(1.0, description="the server optimiser's step size (1.0 with sgd: "
-                                                                 "the model becomes the weighted mean)")
+        "sgd", description="the server's step on the averaged delta; momentum_fedcog: FedCOG's code variant "
+                           "of FedAvgM (x - v / (1 + beta))")
+    server_learning_rate: PositiveFloat = Field(1.0, description="the server optimiser's step size (1.0 with "
+                                                                 "sgd: the model becomes the weighted mean)")
     server_momentum: float = Field(0.9, ge=0, lt=1, description="server_optimizer=momentum")
     beta1: float = Field(0.9, ge=0, lt=1, description="adam/yogi/adagrad")
     beta2: float = Field(0.99, ge=0, lt=1, description="adam/yogi")
     tau: PositiveFloat = Field(1e-3, description="adaptivity, adam/yogi/adagrad")
-    weighting: Literal["num_examples", "uniform"] = Field("num_examples", description="the weights of the mean of "
-                                                                                       "the clients' deltas")
+    weighting: Literal["num_examples", "uniform"] = Field(
+        "num_examples", description="the weights of the mean of the clients' deltas")
     buffer_size: PositiveInt | None = Field(
         None, description="the server steps each time this many updates have arrived (FedBuff's K; runs the "
                           "asynchronous round); default once per round on that round's arrivals")
     server_schedule: ScheduleConfig = Field(ScheduleConfig(), description="server_learning_rate over rounds")
-    plugins: tuple[Any, ...] = Field((), description="methods added to this one, each {name: ..., its fields}")
+    plugins: tuple[Any, ...] = Field(
+        (), description="methods added to this one, each {name: ..., its fields}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +121,12 @@ class BuildContext:
         server's data, or ``None``.
       client_optimizer: the clients' optax optimiser.
       schedule: the clients' ``LocalSchedule``.
-      key: the run's root key (a builder's randomness outside the rounds derives from it, never from a seed, so
-        that runs vmapped over seeds differ).
-      values: the config with this round's hyper-parameter values (arrays inside the compiled round); ``config``
-        is the static one, for structure.
+      key: the run's root key (a builder's randomness outside the rounds derives from it, never from a seed,
+        so that runs vmapped over seeds differ).
+      values: the config with this round's hyper-parameter values (arrays inside the compiled round);
+        ``config`` is the static one, for structure.
+      clients_at_once: how many clients a device trains at once (the cohort loop's chunk, else its share of
+        the cohort), for a builder that sizes per-client memory; ``None`` when not known.
     """
 
     config: Config
@@ -124,6 +136,7 @@ class BuildContext:
     schedule: LocalSchedule
     key: jax.Array | None = None
     values: Config | None = None
+    clients_at_once: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,14 +163,16 @@ _ORDER: dict[str, int] = {}  # the order of registration
 
 
 def _place(spec: MethodSpec) -> tuple:
-    """The registry's order, whatever the order of import: FedAvg's package first, then the packages by name, each
-    in the order it registers its methods (the reference pages and error messages list methods in this order)."""
+    """The registry's order, whatever the order of import: FedAvg's package first, then the packages by name,
+    each in the order it registers its methods (the reference pages and error messages list methods in this
+    order)."""
     package = spec.config.__module__
     return package != f"{__package__}.fedavg", package, _ORDER[spec.name]
 
 
 def register(builder: str | None = None, *, base: bool = True, plugin: bool = False, wrapper: bool = False,
-             needs_server_data: bool = False, reference: bool = False) -> Callable[[type[BaseModel]], type[BaseModel]]:
+             needs_server_data: bool = False,
+             reference: bool = False) -> Callable[[type[BaseModel]], type[BaseModel]]:
     """A class decorator registering the method named by the config class's ``name`` literal.
 
     The decorated class is the method's config; its ``name: Literal['...']`` field is the method's name.
@@ -234,8 +249,8 @@ def owners(field: str) -> list[str]:
 
 
 def lazy_method(package: str) -> Callable[[str], Any]:
-    """A method package's module ``__getattr__`` (PEP 562): a name the package's ``__init__`` (its config) lacks
-    is looked up in its ``method`` module, which is imported, and JAX with it, on first use. So
+    """A method package's module ``__getattr__`` (PEP 562): a name the package's ``__init__`` (its config)
+    lacks is looked up in its ``method`` module, which is imported, and JAX with it, on first use. So
     ``from fedjax_lab.methods.fedcog import generate`` works, while importing the package for its config stays
     light."""
 
@@ -249,8 +264,8 @@ def lazy_method(package: str) -> Callable[[str], Any]:
 
 
 def _register_packages() -> None:
-    """Imports every method package under ``fedjax_lab/methods/`` (a folder with an ``__init__.py``, which holds
-    the method's config and registers it; its code is the folder's ``method.py``). Imports no JAX."""
+    """Imports every method package under ``fedjax_lab/methods/`` (a folder with an ``__init__.py``, which
+    holds the method's config and registers it; its code is the folder's ``method.py``). Imports no JAX."""
     for module in pkgutil.iter_modules([str(pathlib.Path(__file__).parent)]):
         if module.ispkg:
             importlib.import_module(f"{__package__}.{module.name}")

@@ -58,8 +58,9 @@ def scale_by_reddi(rule: AdaptiveRule, b1: float, b2: float, tau: float) -> opta
         return updates, ScaleByReddiState(mu, nu)
 
     if rule not in ("adagrad", "yogi", "adam"):
-        raise ValueError(f"rule must be one of 'adagrad', 'yogi', 'adam', got {rule!r}; the plain FedAvg server is "
-                         "fedavg_server(learning_rate), FedAvgM's fedavgm_server(learning_rate, momentum)")
+        raise ValueError(f"rule must be one of 'adagrad', 'yogi', 'adam', got {rule!r}; the plain FedAvg "
+                         "server is fedavg_server(learning_rate), FedAvgM's fedavgm_server(learning_rate, "
+                         "momentum)")
     return optax.GradientTransformation(init_fn, update_fn)
 
 

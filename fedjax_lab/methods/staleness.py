@@ -1,8 +1,10 @@
-"""Staleness functions ``s(tau)``: how much an update that is ``tau`` rounds old counts, for FedAsync and FedBuff.
+"""Staleness functions ``s(tau)``: how much an update that is ``tau`` rounds old counts, for FedAsync and
+FedBuff.
 
 References:
   Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019, Sec. 5.2 (constant, polynomial, hinge).
-  Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022 (``1/sqrt(1+tau)``).
+  Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022
+  (``1/sqrt(1+tau)``).
 """
 
 from __future__ import annotations

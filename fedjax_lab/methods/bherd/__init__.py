@@ -16,18 +16,19 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register(plugin=True)
 class BHerdConfig(AlgorithmFields):
-    """BHerd (Luo et al. 2024): clients send the herded sum of alpha of their local steps, rescaled by 1/alpha."""
+    """BHerd (Luo et al. 2024): clients send the herded sum of alpha of their local steps, rescaled by
+    1/alpha."""
 
     name: Literal["bherd"] = method_name("bherd")
-    alpha: float = Field(0.5, gt=0, le=1, description="fraction of local steps kept, k = round(alpha tau) (the "
-                                                      "paper: 0.5; 1 is FedAvg)")
+    alpha: float = Field(0.5, gt=0, le=1, description="fraction of local steps kept, k = round(alpha tau) "
+                                                      "(the paper: 0.5; 1 is FedAvg)")
     selection: Literal["herding", "topk_nearest"] = Field(
-        "herding", description="herding: Alg. 2 (BHerd); topk_nearest: the ablation keeping the k steps nearest "
-                               "the mean")
-    rescale: Literal["nominal", "exact"] = Field("nominal", description="scale the kept sum by 1/alpha (Eq. 7) or "
-                                                                        "by tau/k")
-    diagnostics: bool = Field(True, description="record each client's selected steps and the Fig. 4d distance "
-                                                "(array metrics in RUN_DIR/arrays)")
+        "herding", description="herding: Alg. 2 (BHerd); topk_nearest: the ablation keeping the k steps "
+                               "nearest the mean")
+    rescale: Literal["nominal", "exact"] = Field("nominal", description="scale the kept sum by 1/alpha (Eq. "
+                                                                        "7) or by tau/k")
+    diagnostics: bool = Field(True, description="record each client's selected steps and the Fig. 4d "
+                                                "distance (array metrics in RUN_DIR/arrays)")
 
 
 __getattr__ = lazy_method(__name__)

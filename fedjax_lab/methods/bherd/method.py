@@ -1,23 +1,23 @@
 """BHerd: each client sends the sum of a herd of its local steps that best represents their mean.
 
 Client k runs its local steps as usual (the trajectory does not change) and keeps every step's update
-``u_lambda`` (``-eta z_lambda`` for plain SGD, ``z`` the mini-batch gradient of Eq. 3). It orders them by greedy
-herding towards their mean (Alg. 2): with ``c_lambda = u_lambda - mean(u)``, each pick is the step ``p`` that keeps
-the running sum ``s + c_p`` smallest, over all steps not yet picked. It keeps the first ``k_k = round(alpha tau_k)``
-and sends ``(1 / alpha) sum_{kept} u`` in place of its model delta, so the server step of Eq. 7,
-``w <- w - (eta / alpha) sum_k p_k g_k``, is the usual weighted mean of what clients send. With ``alpha = 1`` every
-step is kept and BHerd is FedAvg (Proposition 1).
+``u_lambda`` (``-eta z_lambda`` for plain SGD, ``z`` the mini-batch gradient of Eq. 3). It orders them by
+greedy herding towards their mean (Alg. 2): with ``c_lambda = u_lambda - mean(u)``, each pick is the step
+``p`` that keeps the running sum ``s + c_p`` smallest, over all steps not yet picked. It keeps the first
+``k_k = round(alpha tau_k)`` and sends ``(1 / alpha) sum_{kept} u`` in place of its model delta, so the server
+step of Eq. 7, ``w <- w - (eta / alpha) sum_k p_k g_k``, is the usual weighted mean of what clients send. With
+``alpha = 1`` every step is kept and BHerd is FedAvg (Proposition 1).
 
-Herding works on the updates rather than the raw gradients: for plain SGD they differ by the constant ``-eta``,
-which changes no choice of Alg. 2 (every norm scales by ``eta``), and the sum is already the model delta's unit.
-With a client optimiser that is not plain SGD, or with a component that corrects the steps (SCAFFOLD), BHerd herds
-the steps the client really took, so ``alpha = 1`` stays equal to the base method.
+Herding works on the updates rather than the raw gradients: for plain SGD they differ by the constant
+``-eta``, which changes no choice of Alg. 2 (every norm scales by ``eta``), and the sum is already the model
+delta's unit. With a client optimiser that is not plain SGD, or with a component that corrects the steps
+(SCAFFOLD), BHerd herds the steps the client really took, so ``alpha = 1`` stays equal to the base method.
 
-The selection runs in Gram form inside the jitted, vmapped client update (digest section 1.5): one ``[tau, tau]``
-Gram matrix of the stacked updates (``O(tau^2 d)``), then ``tau_max`` greedy steps on ``tau``-vectors with a
-frozen carry past ``k_k``. Memory: the stacked updates are ``tau_max x |params|`` floats per client in flight
-(``docs/reproductions/bherd.md``); :func:`check_memory` refuses, before compiling, a chunk of clients that
-would not fit.
+The selection runs in Gram form inside the jitted, vmapped client update (digest section 1.5): one
+``[tau, tau]`` Gram matrix of the stacked updates (``O(tau^2 d)``), then ``tau_max`` greedy steps on
+``tau``-vectors with a frozen carry past ``k_k``. Memory: the stacked updates are ``tau_max x |params|``
+floats per client in flight (``docs/reproductions/bherd.md``); :func:`check_memory` refuses, before compiling,
+a chunk of clients that would not fit.
 
 References:
   Luo et al., "Accelerating Federated Learning by Selecting Beneficial Herd of Local Gradients", 2024,
@@ -36,13 +36,14 @@ from fedjax_lab.engine.components import ClientView, Component, LocalResult, Ser
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.tree_math import tree_scale
 from fedjax_lab.engine.variables import merge_variables, split_variables
+from fedjax_lab.methods.registry import ConfigError
 
 Selection = Literal["herding", "topk_nearest"]
 
 
 def gram_matrix(stacked) -> jax.Array:
-    """``G = Z Z^T`` ``[tau, tau]`` of the stacked steps ``Z`` (every leaf ``[tau, ...]``, flattened and joined),
-    at full float32 precision so that no backend changes an argmin."""
+    """``G = Z Z^T`` ``[tau, tau]`` of the stacked steps ``Z`` (every leaf ``[tau, ...]``, flattened and
+    joined), at full float32 precision so that no backend changes an argmin."""
     def leaf_gram(leaf):
         flat = leaf.reshape(leaf.shape[0], -1)
         return jnp.matmul(flat, flat.T, precision=jax.lax.Precision.HIGHEST)
@@ -67,8 +68,8 @@ def herding_order(gram: jax.Array, valid: jax.Array, k: jax.Array) -> tuple[jax.
       k: how many to pick (traced; at most the number of valid steps).
 
     Returns:
-      ``(order, selected)``: ``order[j]`` is the j-th pick for ``j < k`` and -1 after; ``selected`` the mask of the
-      picks. Ties go to the lowest index.
+      ``(order, selected)``: ``order[j]`` is the j-th pick for ``j < k`` and -1 after; ``selected`` the mask
+      of the picks. Ties go to the lowest index.
     """
     gc = centred_gram(gram, valid)
     diag = jnp.diag(gc)
@@ -88,8 +89,8 @@ def herding_order(gram: jax.Array, valid: jax.Array, k: jax.Array) -> tuple[jax.
 
 
 def nearest_order(gram: jax.Array, valid: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The ablation "top-k nearest to the mean" (Fig. 1d's drawing, not Alg. 2): the ``k`` steps with the smallest
-    ``||z_p - mean(z)||``, nearest first; same outputs as :func:`herding_order`."""
+    """The ablation "top-k nearest to the mean" (Fig. 1d's drawing, not Alg. 2): the ``k`` steps with the
+    smallest ``||z_p - mean(z)||``, nearest first; same outputs as :func:`herding_order`."""
     distance = jnp.where(valid, jnp.diag(centred_gram(gram, valid)), jnp.inf)
     ranked = jnp.argsort(distance, stable=True).astype(jnp.int32)
     order = jnp.where(jnp.arange(valid.shape[0]) < k, ranked, -1)
@@ -115,15 +116,16 @@ def selected_distance(gram: jax.Array, valid: jax.Array, selected: jax.Array) ->
 
 def herded_steps(alpha, selection: Selection = "herding", rescale: Literal["nominal", "exact"] = "nominal",
                  diagnostics: bool = True) -> Component:
-    """BHerd's change to the round: clients send ``scale * sum_{kept} u`` as their delta (see the module docstring).
+    """BHerd's change to the round: clients send ``scale * sum_{kept} u`` as their delta (see the module
+    docstring).
 
     Args:
       alpha: the fraction of steps kept, in (0, 1] (a number, or an array inside the compiled round).
       selection: ``'herding'`` (Alg. 2, BHerd) or ``'topk_nearest'`` (the ablation).
-      rescale: ``'nominal'`` scales the kept sum by ``1 / alpha`` (Eq. 7); ``'exact'`` by ``tau_k / k_k``, so that
-        it is ``tau_k`` times the kept mean whatever the rounding.
-      diagnostics: report per round each client's selected steps (``bherd_selected``, ``[cohort, tau_max]``, with
-        ``bherd_client_ids``) and the distance of Fig. 4d (``bherd_distance``), as array metrics.
+      rescale: ``'nominal'`` scales the kept sum by ``1 / alpha`` (Eq. 7); ``'exact'`` by ``tau_k / k_k``, so
+        that it is ``tau_k`` times the kept mean whatever the rounding.
+      diagnostics: report per round each client's selected steps (``bherd_selected``, ``[cohort, tau_max]``,
+        with ``bherd_client_ids``) and the distance of Fig. 4d (``bherd_distance``), as array metrics.
     """
     order_fn = herding_order if selection == "herding" else nearest_order
 
@@ -149,10 +151,12 @@ def herded_steps(alpha, selection: Selection = "herding", rescale: Literal["nomi
     def aggregate(view: ServerView, mean_delta):
         part = view.messages["bherd"]
         return mean_delta, {"bherd_selected": part["selected"], "bherd_distance": part["distance"],
-                            "bherd_client_ids": view.cohort.client_ids, "bherd_kept_fraction": jnp.mean(part["kept"]),
+                            "bherd_client_ids": view.cohort.client_ids,
+                            "bherd_kept_fraction": jnp.mean(part["kept"]),
                             "bherd_mean_distance": jnp.mean(part["distance"])}
 
-    return Component("bherd", step_output=step_output, send=send, aggregate=aggregate if diagnostics else None)
+    return Component("bherd", step_output=step_output, send=send,
+                     aggregate=aggregate if diagnostics else None)
 
 
 def stacked_bytes(num_params: int, max_steps: int, clients_at_once: int) -> int:
@@ -162,14 +166,15 @@ def stacked_bytes(num_params: int, max_steps: int, clients_at_once: int) -> int:
 
 def check_memory(num_params: int, max_steps: int, clients_at_once: int, cohort: int,
                  budget: int | None = None) -> None:
-    """Raises ``ValueError`` (before compiling) when the stacked steps of ``clients_at_once`` clients exceed half the
-    device's memory (``budget``, default :func:`~fedjax_lab.engine.memory.device_memory_bytes`), naming the chunk
-    size that fits."""
+    """Raises ``ValueError`` (before compiling) when the stacked steps of ``clients_at_once`` clients exceed
+    half the device's memory (``budget``, default :func:`~fedjax_lab.engine.memory.device_memory_bytes`),
+    naming the chunk size that fits."""
     budget = budget if budget is not None else device_memory_bytes() // 2
     need = stacked_bytes(num_params, max_steps, clients_at_once)
     if need <= budget:
         return
-    fits = [c for c in range(1, cohort + 1) if cohort % c == 0 and stacked_bytes(num_params, max_steps, c) <= budget]
+    fits = [c for c in range(1, cohort + 1)
+            if cohort % c == 0 and stacked_bytes(num_params, max_steps, c) <= budget]
     advice = (f"set rounds.chunk_size={max(fits)} (a divisor of the cohort that fits)" if fits else
               "no chunk size fits: lower client.local_epochs or raise client.batch_size (fewer steps)")
     raise ValueError(f"algorithm: bherd stores {max_steps} steps x {num_params:,} parameters for each of "
@@ -179,16 +184,11 @@ def check_memory(num_params: int, max_steps: int, clients_at_once: int, cohort: 
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: bherd`` (or of a ``bherd`` plug-in)."""
-    from fedjax_lab.experiments.build import default_chunk_size  # the runner's choice of chunk, when unset
-    from fedjax_lab.experiments.config import ConfigError
-
-    structure = context.config
     num_params = context.classifier.num_params(jax.eval_shape(context.classifier.init, jax.random.key(0)))
     max_steps = context.schedule.max_steps(int(np.asarray(context.dataset.client_train_ids).shape[1]))
-    cohort = structure.rounds.clients_per_round
-    chunk = structure.rounds.chunk_size or default_chunk_size(cohort, jax.default_backend(), structure.model.name)
+    cohort = context.config.rounds.clients_per_round
     try:
-        check_memory(num_params, max_steps, chunk or cohort, cohort)
+        check_memory(num_params, max_steps, context.clients_at_once or cohort, cohort)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return (herded_steps(config.alpha, config.selection, config.rescale, config.diagnostics),)

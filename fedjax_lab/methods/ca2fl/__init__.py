@@ -19,7 +19,8 @@ class CA2FLConfig(AlgorithmFields):
     """CA2FL (Wang et al. 2024): FedBuff calibrated by every client's cached latest update."""
 
     name: Literal["ca2fl"] = method_name("ca2fl")
-    buffer_size: PositiveInt | None = Field(10, description="arrivals per server step (Feddle's grid: 10, 20, 50)")
+    buffer_size: PositiveInt | None = Field(
+        10, description="arrivals per server step (Feddle's grid: 10, 20, 50)")
     weighting: Literal["num_examples", "uniform"] = "uniform"
 
 

@@ -3,10 +3,10 @@ with them.
 
 The server holds ``h_i``, the latest update of every client ``i`` (zero until it first reports), and their
 mean ``h_bar`` over all ``N`` clients. When the buffer ``S`` is full it steps on
-``v = h_bar + (1/|S|) sum_{i in S} (Delta_i - h_i)`` (``w <- w + eta v`` with SGD), then sets ``h_i <- Delta_i``
-for ``i in S`` and recomputes ``h_bar``. A client that arrives twice in one buffer is calibrated both times
-against its cache as of the last step, and its later update is the one kept. The cache is ``N`` models: the
-memory the paper's Table 6 charges CA2FL.
+``v = h_bar + (1/|S|) sum_{i in S} (Delta_i - h_i)`` (``w <- w + eta v`` with SGD), then sets
+``h_i <- Delta_i`` for ``i in S`` and recomputes ``h_bar``. A client that arrives twice in one buffer is
+calibrated both times against its cache as of the last step, and its later update is the one kept. The cache
+is ``N`` models: the memory the paper's Table 6 charges CA2FL.
 
 References:
   Wang et al., "Tackling the Data Heterogeneity in Asynchronous Federated Learning with Cached Update
@@ -54,10 +54,11 @@ def cached_calibration(num_clients: int) -> Component:
     def after_step(view: ServerView, variables):
         keep = latest_of_each_client(view.cohort.client_ids, view.weights > 0)
         rows = jnp.where(keep, view.cohort.client_ids, num_clients)  # out of range: not written
-        cache = jax.tree.map(lambda c, d: c.at[rows].set(d, mode="drop"), view.state.cache, view.messages["delta"])
+        cache = jax.tree.map(lambda c, d: c.at[rows].set(d, mode="drop"), view.state.cache,
+                             view.messages["delta"])
         # h_bar recomputed (no drift); a product with ones, since XLA's CPU column reduction is 30x slower.
-        mean = jax.tree.map(lambda c: jnp.tensordot(jnp.full((num_clients,), 1.0 / num_clients, c.dtype), c, 1),
-                            cache)
+        mean = jax.tree.map(
+            lambda c: jnp.tensordot(jnp.full((num_clients,), 1.0 / num_clients, c.dtype), c, 1), cache)
         return CacheState(cache, mean), variables, {}
 
     return Component("ca2fl", server_init=server_init, aggregate=aggregate, after_step=after_step)

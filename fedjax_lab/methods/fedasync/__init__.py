@@ -16,7 +16,8 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register()
 class FedAsyncConfig(AlgorithmFields):
-    """FedAsync (Xie et al. 2019): each arrival is mixed in, w <- (1 - a_t) w + a_t w_new, a_t = alpha s(tau)."""
+    """FedAsync (Xie et al. 2019): each arrival is mixed in, w <- (1 - a_t) w + a_t w_new, a_t = alpha
+    s(tau)."""
 
     name: Literal["fedasync"] = method_name("fedasync")
     buffer_size: PositiveInt | None = Field(1, description="1: one server step per arrival (the paper)")
@@ -25,9 +26,9 @@ class FedAsyncConfig(AlgorithmFields):
     a: float = Field(0.5, ge=0, description="polynomial: (1 + tau)^-a; hinge: 1 / (a (tau - b) + 1) "
                                             "(Feddle's grid: 0.1, 0.5, 0.9)")
     b: float = Field(4.0, ge=0, description="hinge: staleness up to b counts fully")
-    rho: float = Field(0.0, ge=0, description="Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2, x_tau the "
-                                              "model the client was sent (0: the plain local SGD Feddle's baselines "
-                                              "run)")
+    rho: float = Field(0.0, ge=0, description="Alg. 1's client objective f(x) + rho/2 ||x - x_tau||^2, x_tau "
+                                              "the model the client was sent (0: the plain local SGD "
+                                              "Feddle's baselines run)")
 
 
 __getattr__ = lazy_method(__name__)

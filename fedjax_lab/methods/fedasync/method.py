@@ -1,7 +1,7 @@
 """FedAsync: each arriving model is mixed into the global one with a weight that decays with its staleness.
 
-Each client minimises ``f(x) + rho/2 ||x - x_tau||^2`` from the model ``x_tau`` it was sent (Alg. 1; ``rho = 0``,
-the default, is the plain local SGD that Feddle's baselines run). Per arrival, in arrival order:
+Each client minimises ``f(x) + rho/2 ||x - x_tau||^2`` from the model ``x_tau`` it was sent (Alg. 1;
+``rho = 0``, the default, is the plain local SGD that Feddle's baselines run). Per arrival, in arrival order:
 ``w <- (1 - a_t) w + a_t w_new`` with ``a_t = alpha s(tau)`` (Eq. 2 of the paper)
 and ``w_new = w^{k_j} + Delta_j`` the client's trained model, mixed into the *current* ``w`` (not the one it
 started from). In this library that is the FedAvg round with a server buffer of one arrival
@@ -29,9 +29,10 @@ from fedjax_lab.methods.staleness import staleness_function
 
 def mixing(alpha: float | jax.Array, staleness: Callable[[jax.Array], jax.Array],
            rho: float | jax.Array = 0.0) -> Component:
-    """FedAsync's change to the round: each client minimises ``f(x) + rho/2 ||x - x_tau||^2`` (Alg. 1, ``x_tau``
-    the model it was sent), and the server's step becomes ``sum_j w_j a_j (w_new_j - w) / sum_j w_j`` with
-    ``a_j = alpha s(tau_j)`` (with one arrival per step: ``a_t (w_new - w)``)."""
+    """FedAsync's change to the round: each client minimises ``f(x) + rho/2 ||x - x_tau||^2`` (Alg. 1,
+    ``x_tau`` the model it was sent), and the server's step becomes
+    ``sum_j w_j a_j (w_new_j - w) / sum_j w_j`` with ``a_j = alpha s(tau_j)`` (with one arrival per step:
+    ``a_t (w_new - w)``)."""
 
     def loss_term(view: ClientView) -> LossTerm:
         return proximal_term(view.global_variables, rho)

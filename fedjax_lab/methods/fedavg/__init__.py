@@ -1,4 +1,5 @@
-"""FedAvg and its server-optimiser family (FedAvgM, FedAdam, FedYogi, FedAdagrad), and the reference runs: their configs, with their papers's defaults, registered by name.
+"""FedAvg and its server-optimiser family (FedAvgM, FedAdam, FedYogi, FedAdagrad), and the reference runs:
+their configs, with their papers's defaults, registered by name.
 
 The method itself, with its equations and builder, is ``method.py``. This file imports no JAX, so a config
 validates in a fraction of a second; a name of ``method.py`` is also reached from here
@@ -24,8 +25,8 @@ class FedAvgConfig(AlgorithmFields):
 def _family(name: str, rule: str, doc: str) -> type[AlgorithmFields]:
     config = create_model(f"{name.capitalize()}Config", __base__=AlgorithmFields, __doc__=doc,
                           name=(Literal[name], method_name(name)),
-                          server_optimizer=(Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi", "adagrad"],
-                                            Field(rule)))
+                          server_optimizer=(Literal["sgd", "momentum", "momentum_fedcog", "adam", "yogi",
+                                                    "adagrad"], Field(rule)))
     return register()(config)
 
 

@@ -2,10 +2,10 @@
 
 Each sampled client k starts from the global model x_t, runs local optimisation on its data and sends
 ``Delta_k = y_k - x_t``. The server forms ``Delta_t = sum_k w_k Delta_k / sum_k w_k`` (``w_k = n_k`` or 1)
-and applies its optimiser to the pseudo-gradient ``-Delta_t``. FedAvg, FedAvgM, FedAdam, FedYogi and FedAdagrad
-are this round with different server optimisers (:mod:`fedjax_lab.methods.server_optimizers`); FedProx,
-SCAFFOLD, FedNova, MOON and the rest add their :class:`~fedjax_lab.engine.components.Component` s, so methods
-combine by listing them.
+and applies its optimiser to the pseudo-gradient ``-Delta_t``. FedAvg, FedAvgM, FedAdam, FedYogi and
+FedAdagrad are this round with different server optimisers (:mod:`fedjax_lab.methods.server_optimizers`);
+FedProx, SCAFFOLD, FedNova, MOON and the rest add their :class:`~fedjax_lab.engine.components.Component` s, so
+methods combine by listing them.
 
 References:
   McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
@@ -40,10 +40,12 @@ def fedavg(
 
     Example::
 
-      fedprox_and_moon = fedavg(classifier, optax.sgd(0.01), fedavg_server(), LocalSchedule(64, local_steps=10),
+      fedprox_and_moon = fedavg(classifier, optax.sgd(0.01), fedavg_server(),
+                                LocalSchedule(64, local_steps=10),
                                 proximal(mu=0.01), contrastive(classifier, mu=5.0))
     """
-    return component_round(task, client_optimizer, server_optimizer, schedule, *components, weighting=weighting)
+    return component_round(task, client_optimizer, server_optimizer, schedule, *components,
+                           weighting=weighting)
 
 
 def build(config, context) -> tuple[Component, ...]:

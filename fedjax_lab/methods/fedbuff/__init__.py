@@ -19,7 +19,8 @@ class FedBuffConfig(AlgorithmFields):
     """FedBuff (Nguyen et al. 2022): the server steps on the mean of every buffer_size arrivals."""
 
     name: Literal["fedbuff"] = method_name("fedbuff")
-    buffer_size: PositiveInt | None = Field(10, description="K, arrivals per server step (Feddle's grid: 10, 20, 50)")
+    buffer_size: PositiveInt | None = Field(
+        10, description="K, arrivals per server step (Feddle's grid: 10, 20, 50)")
     weighting: Literal["num_examples", "uniform"] = "uniform"
     staleness_scaling: Literal["none", "sqrt"] = Field("none", description="sqrt: each update scaled by "
                                                                            "1/sqrt(1 + staleness)")

@@ -2,9 +2,9 @@
 
 ``w <- w + eta_g (1/K) sum_{j in buffer} s(tau_j) Delta_j``, with ``s = 1`` (the plain mean, as in Feddle's
 proof) or FedBuff's optional ``s(tau) = 1/sqrt(1 + tau)``. The buffer is the engine's
-(``algorithm.buffer_size``, :mod:`fedjax_lab.engine.asynchrony`): arrivals join it in order, and the server steps
-each time it holds ``K`` of them, possibly several times in a round; a partial buffer waits. So FedBuff is the
-FedAvg round with a buffer and uniform weights, plus, with staleness scaling, this component.
+(``algorithm.buffer_size``, :mod:`fedjax_lab.engine.asynchrony`): arrivals join it in order, and the server
+steps each time it holds ``K`` of them, possibly several times in a round; a partial buffer waits. So FedBuff
+is the FedAvg round with a buffer and uniform weights, plus, with staleness scaling, this component.
 
 References:
   Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1.

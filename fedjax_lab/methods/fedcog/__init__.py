@@ -16,8 +16,8 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register(plugin=True)
 class FedCOGConfig(AlgorithmFields):
-    """FedCOG (Ye et al. 2024): clients generate inputs the global model agrees on and their previous model does
-    not, and distil the global model on them while training (``fedcog`` alone is FedAvg + FedCOG)."""
+    """FedCOG (Ye et al. 2024): clients generate inputs the global model agrees on and their previous model
+    does not, and distil the global model on them while training (``fedcog`` alone is FedAvg + FedCOG)."""
 
     name: Literal["fedcog"] = method_name("fedcog")
     start_round: int = Field(0, ge=0, description="server steps before generation starts (the paper: 50)")
@@ -27,9 +27,11 @@ class FedCOGConfig(AlgorithmFields):
     lambda_dis: float = Field(0.1, ge=0, description="weight of 1 - JS(global, previous local) (Eq. 1)")
     labels: Literal["complement", "uniform"] = Field("complement", description="target labels: shares of "
                                                                               "max(d) - d, or equal shares")
-    kd_weighting: Literal["fixed", "size"] = Field("fixed", description="fixed: CE + lambda_kd KD (Sec. 4); size: "
-                                                                        "(n CE + N_gen KD) / (n + N_gen) (App. A.2.2)")
-    lambda_kd: float = Field(0.01, ge=0, description="weight of the distillation term under kd_weighting: fixed")
+    kd_weighting: Literal["fixed", "size"] = Field(
+        "fixed", description="fixed: CE + lambda_kd KD (Sec. 4); size: (n CE + N_gen KD) / (n + N_gen) "
+                             "(App. A.2.2)")
+    lambda_kd: float = Field(
+        0.01, ge=0, description="weight of the distillation term under kd_weighting: fixed")
     temperature: PositiveFloat = Field(1.0, description="T of the distillation (its code: 1)")
     batch_size: PositiveInt = Field(64, description="generated inputs beside each real batch")
 

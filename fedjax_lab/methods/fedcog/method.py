@@ -6,17 +6,17 @@ From ``start_round`` server steps on, every client of the cohort, before its loc
 1. **Generates** (Eq. 1-2) ``N`` inputs from ``N(0, 1)`` in the model's input space, with fixed target labels
    (uniform over the classes, or complementary to the client's class counts ``d``: ``max(d) - d`` scaled to
    sum to ``N``), by ``steps`` Adam steps (lr 0.01, betas 0.5 / 0.9) on
-   ``mean CE(f(w_g; x), y) + lambda_dis mean(1 - JS(p(w_g; x), p(w_prev; x)))``, both models frozen. It keeps the
-   iterate of lowest loss and the global model's logits there.
-2. **Trains** (Eq. 3) on ``w_ce CE(real batch) + w_kd T^2 KL(softmax(z_g / T) || softmax(f(w; x_gen) / T))``, a
-   batch of the generated inputs beside each real batch, the teacher logits ``z_g`` cached from step 1. The
+   ``mean CE(f(w_g; x), y) + lambda_dis mean(1 - JS(p(w_g; x), p(w_prev; x)))``, both models frozen. It keeps
+   the iterate of lowest loss and the global model's logits there.
+2. **Trains** (Eq. 3) on ``w_ce CE(real batch) + w_kd T^2 KL(softmax(z_g / T) || softmax(f(w; x_gen) / T))``,
+   a batch of the generated inputs beside each real batch, the teacher logits ``z_g`` cached from step 1. The
    weights are ``(1, lambda_kd)`` (the paper's Sec. 4) or ``(n, N_gen) / (n + N_gen)`` with
    ``N_gen = sum(max(d) - d)`` (its App. A.2.2 and its code).
 
 The server is the base method's, unchanged, so FedCOG is a plug-in on any base (FedAvg, FedAvgM, FedProx,
-SCAFFOLD, MOON, ...). Each client keeps its previous local model (initialised to the initial global model, so the
-disagreement term is inert until the client has trained once); beside MOON, which keeps the same model, FedCOG
-reads MOON's instead of storing a second copy. Before ``start_round`` the generation is not run
+SCAFFOLD, MOON, ...). Each client keeps its previous local model (initialised to the initial global model, so
+the disagreement term is inert until the client has trained once); beside MOON, which keeps the same model,
+FedCOG reads MOON's instead of storing a second copy. Before ``start_round`` the generation is not run
 (a ``cond`` on the server's step count, which every client shares) and the round is the base's exactly.
 
 Each round reports ``fedcog_generation_loss_start`` and ``fedcog_generation_loss_best``: Eq. 1's loss at the
@@ -43,9 +43,9 @@ from fedjax_lab.models.divergences import js_divergence, softened_kl
 
 
 def label_counts(counts: jax.Array, num_samples: int, mode: str = "complement") -> jax.Array:
-    """How many of the ``num_samples`` generated inputs target each class: equal shares (``uniform``), or shares
-    of ``max(d) - d`` (``complement``; a balanced client, whose shares are all zero, gets equal ones). Rounded
-    by largest remainder, so they sum to ``num_samples`` exactly."""
+    """How many of the ``num_samples`` generated inputs target each class: equal shares (``uniform``), or
+    shares of ``max(d) - d`` (``complement``; a balanced client, whose shares are all zero, gets equal ones).
+    Rounded by largest remainder, so they sum to ``num_samples`` exactly."""
     num_classes = counts.shape[0]
     missing = (jnp.max(counts) - counts).astype(jnp.float32)
     if mode == "uniform":
@@ -81,12 +81,13 @@ class Generated(NamedTuple):
     loss_best: jax.Array
 
 
-def generate(apply: Callable[[Params, jax.Array], jax.Array], global_variables: Params, local_variables: Params,
-             labels: jax.Array, key: jax.Array, input_shape: tuple[int, ...], steps: int,
-             learning_rate: float | jax.Array = 0.01, lambda_dis: float | jax.Array = 0.1) -> Generated:
-    """Step A: ``steps`` Adam steps (betas 0.5, 0.9) on the inputs from ``N(0, 1)``; the iterate of lowest loss
-    among those evaluated (before each step, so iterates ``0 .. steps - 1``; the start with no steps) and the
-    global model's logits there. ``apply(variables, model_inputs) -> logits`` in evaluation mode."""
+def generate(apply: Callable[[Params, jax.Array], jax.Array], global_variables: Params,
+             local_variables: Params, labels: jax.Array, key: jax.Array, input_shape: tuple[int, ...],
+             steps: int, learning_rate: float | jax.Array = 0.01,
+             lambda_dis: float | jax.Array = 0.1) -> Generated:
+    """Step A: ``steps`` Adam steps (betas 0.5, 0.9) on the inputs from ``N(0, 1)``; the iterate of lowest
+    loss among those evaluated (before each step, so iterates ``0 .. steps - 1``; the start with no steps) and
+    the global model's logits there. ``apply(variables, model_inputs) -> logits`` in evaluation mode."""
     optimizer = optax.adam(learning_rate, b1=0.5, b2=0.9)
 
     def loss_fn(x):
@@ -129,8 +130,10 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
     metrics)."""
     module = classifier.module
     keep_previous = {"client_init": lambda variables: variables,
-                     "finish": lambda view, result: (None, result.variables), "shares_state_of": shares_state_of}
-    if num_samples == 0:  # nothing to generate or distil on: the base's round, keeping the previous local model
+                     "finish": lambda view, result: (None, result.variables),
+                     "shares_state_of": shares_state_of}
+    if num_samples == 0:
+        # nothing to generate or distil on: the base's round, keeping the previous local model
         return Component("fedcog", **keep_previous)
 
     def apply(variables, x):
@@ -170,8 +173,9 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
         p: Prepared = view.prepared
 
         def term(variables, b, forward):
-            kd = jax.lax.cond(p.active, lambda: softened_kl(apply(variables, b["fedcog_x"]), b["fedcog_logits"],
-                                                            jnp.ones(b["fedcog_x"].shape[0]), temperature),
+            kd = jax.lax.cond(p.active,
+                              lambda: softened_kl(apply(variables, b["fedcog_x"]), b["fedcog_logits"],
+                                                  jnp.ones(b["fedcog_x"].shape[0]), temperature),
                               lambda: jnp.float32(0.0))
             return (p.weight_ce - 1.0) * forward.loss + p.weight_kd * kd
 

@@ -1,6 +1,6 @@
-"""FedDecorr: clients penalise dimensional collapse of the representation, ``beta * ||K||_F^2 / d^2`` with ``K``
-the correlation matrix of the batch's ``d``-dimensional features (standardised over the batch). ``beta = 0`` is
-FedAvg.
+"""FedDecorr: clients penalise dimensional collapse of the representation, ``beta * ||K||_F^2 / d^2`` with
+``K`` the correlation matrix of the batch's ``d``-dimensional features (standardised over the batch).
+``beta = 0`` is FedAvg.
 
 The official code normalises differently from the paper's formula (their ``beta`` differs by about the batch
 size; see ``docs/baselines.md``); this is the paper's form.

@@ -16,19 +16,19 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register(plugin=True, needs_server_data=True)
 class FedDFConfig(AlgorithmFields):
-    """FedDF (Lin et al. 2020; Feddle's baseline): the arrived models' ensemble is distilled into the aggregate on
-    the server's inputs (labels unused: in-domain or out-of-domain)."""
+    """FedDF (Lin et al. 2020; Feddle's baseline): the arrived models' ensemble is distilled into the
+    aggregate on the server's inputs (labels unused: in-domain or out-of-domain)."""
 
     name: Literal["feddf"] = method_name("feddf")
-    buffer_size: PositiveInt | None = Field(10, description="arrivals per server step, the ensemble's size (as "
-                                                            "FedBuff's)")
+    buffer_size: PositiveInt | None = Field(10, description="arrivals per server step, the ensemble's size "
+                                                            "(as FedBuff's)")
     steps: PositiveInt = Field(20, description="Adam steps of distillation a server step")
     learning_rate: PositiveFloat = Field(1e-3, description="the paper's grid: 1e-5, 1e-4, 1e-3")
     batch_size: PositiveInt = Field(64, description="server examples a step")
     temperature: PositiveFloat = Field(1.0, description="T of the softened softmax (FedDF: 1)")
     teacher: Literal["uniform", "weighted"] = Field(
-        "uniform", description="the ensemble's logits: the plain mean over the arrived models (FedDF's code) or "
-                               "weighted as the aggregation (by size)")
+        "uniform", description="the ensemble's logits: the plain mean over the arrived models (FedDF's code) "
+                               "or weighted as the aggregation (by size)")
 
 
 __getattr__ = lazy_method(__name__)

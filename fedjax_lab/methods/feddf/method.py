@@ -1,13 +1,14 @@
-"""FedDF: distil the ensemble of the arrived client models into the aggregate, on the server's unlabelled data.
+"""FedDF: distil the ensemble of the arrived client models into the aggregate, on the server's unlabelled
+data.
 
 Feddle's distillation baseline (Lin et al. 2020). After the base method's server step (FedBuff's mean of the
 buffered updates, by default), the new global model is the student: ``steps`` Adam steps on
 ``T^2 KL(softmax(z_bar / T) || softmax(z_student / T))`` over batches of the server's inputs, with
 ``z_bar`` the ensemble's logits, the mean of the arrived models' logits (``teacher: uniform``, as FedDF's code
 averages them; ``weighted``: by the round's aggregation weights). Under asynchrony the ensemble
-members are the arrived models themselves, ``w^{k_j} + Delta_j`` (each trained from the model it was dispatched
-with), so clients send their trained model beside their delta. Labels are never read: the same method runs on
-in-domain rows (FedDF-ID) and on another dataset (FedDF-OOD).
+members are the arrived models themselves, ``w^{k_j} + Delta_j`` (each trained from the model it was
+dispatched with), so clients send their trained model beside their delta. Labels are never read: the same
+method runs on in-domain rows (FedDF-ID) and on another dataset (FedDF-OOD).
 
 References:
   Lin, Kong, Stich and Jaggi, "Ensemble Distillation for Robust Model Fusion in Federated Learning", NeurIPS
@@ -32,15 +33,16 @@ from fedjax_lab.engine.variables import merge_variables, split_variables
 from fedjax_lab.models.divergences import mean_entropy, softened_kl
 
 
-def member_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, x: jax.Array) -> jax.Array:
+def member_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params,
+                  x: jax.Array) -> jax.Array:
     """Each of the stacked ``members``' logits on ``x``, ``[members, rows, classes]``."""
     return jax.vmap(lambda v: predict(v, x))(members)
 
 
 def ensemble_logits(predict: Callable[[Params, jax.Array], jax.Array], members: Params, weights: jax.Array,
                     x: jax.Array) -> jax.Array:
-    """The ensemble's logits on ``x``: the ``weights``-weighted mean over the stacked ``members`` (weight 0 for a
-    member that is not there)."""
+    """The ensemble's logits on ``x``: the ``weights``-weighted mean over the stacked ``members`` (weight 0
+    for a member that is not there)."""
     return _weighted_mean(member_logits(predict, members, x), weights)
 
 
@@ -49,9 +51,9 @@ def _weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
 
 
 def teacher_weights(weights: jax.Array, teacher: str) -> jax.Array:
-    """The ensemble's weights over the cohort: every arrived member alike (``'uniform'``, FedDF's code: the mean
-    of the members' logits) or the round's aggregation weights (``'weighted'``, the size-weighted mean); a member
-    of weight 0 (not an arrival) counts in neither."""
+    """The ensemble's weights over the cohort: every arrived member alike (``'uniform'``, FedDF's code: the
+    mean of the members' logits) or the round's aggregation weights (``'weighted'``, the size-weighted mean);
+    a member of weight 0 (not an arrival) counts in neither."""
     return (weights > 0).astype(weights.dtype) if teacher == "uniform" else weights
 
 
@@ -79,17 +81,18 @@ def ensemble_distillation(classifier, steps: int, learning_rate: float | jax.Arr
 
         def loss(params, model_state, batch_and_target, key):
             batch, target = batch_and_target
-            logits, new_state = classifier.apply_train(merge_variables(params, model_state, variables), batch, key)
+            logits, new_state = classifier.apply_train(merge_variables(params, model_state, variables),
+                                                       batch, key)
             return softened_kl(logits, target, batch["mask"], temperature), new_state
 
         start = params, model_state
         params, model_state = train_on_server_batches(loss, params, model_state, draw=with_target,
                                                       arrays=view.context.server_arrays, key=view.context.key,
                                                       steps=steps, optimizer=optax.adam(learning_rate))
-        # The distillation loss on the first batch, before and after (is the student nearer the ensemble?); how
-        # sure the ensemble and its average member are there (members sure of different classes average to a flat
-        # target); and how far distillation moved the model (a fresh Adam takes steps of about the learning rate
-        # in every parameter even where the loss is already near 0).
+        # The distillation loss on the first batch, before and after (is the student nearer the ensemble?);
+        # how sure the ensemble and its average member are there (members sure of different classes average to
+        # a flat target); and how far distillation moved the model (a fresh Adam takes steps of about the
+        # learning rate in every parameter even where the loss is already near 0).
         key = step_key(view.context.key, 0)  # the first step's batch
         batch = draw(view.context.server_arrays, key)
         members = member_logits(classifier.predict, teachers, batch["x"])

@@ -4,9 +4,9 @@ The server keeps an atlas of at most ``M`` raw client updates (anchors). Each ro
 rescales every anchor to the anchors' median norm (Eq. 5), and searches the coefficients ``c`` of
 ``w + sum_m c_m a_bar_m`` on its in-domain data (Eq. 6-7), starting from the fallback ``c'`` that reproduces
 FedBuff on this round's arrivals and pulled towards it by ``lambda/2 ||c - c'||^2`` (Eq. 11). The coefficient
-gradient is the chain rule of App. E (Eq. 16-17): one backward pass at the merged model, then its inner product
-with each anchor. The new model is ``w + sum_m c_m a_bar_m``, and ``|c_m|`` becomes anchor ``m``'s importance:
-when the atlas is full the least important anchor is evicted.
+gradient is the chain rule of App. E (Eq. 16-17): one backward pass at the merged model, then its inner
+product with each anchor. The new model is ``w + sum_m c_m a_bar_m``, and ``|c_m|`` becomes anchor ``m``'s
+importance: when the atlas is full the least important anchor is evicted.
 
 Rules the paper leaves open (docs/asynchronous.md, "Feddle"):
 
@@ -14,8 +14,8 @@ Rules the paper leaves open (docs/asynchronous.md, "Feddle"):
   round never take the same slot; with more than ``M`` arrivals in a round the oldest of them is replaced.
 * An update of zero norm never enters the atlas (it would divide by zero in Eq. 5).
 * The median is numpy's (the mean of the two middle norms).
-* ``c'_m = eta_g ||a_m|| / (n_new med)`` on the slots filled this round, 0 elsewhere: ``w + sum c'_m a_bar_m`` is
-  FedBuff's step ``w + eta_g mean(new updates)``.
+* ``c'_m = eta_g ||a_m|| / (n_new med)`` on the slots filled this round, 0 elsewhere: ``w + sum c'_m a_bar_m``
+  is FedBuff's step ``w + eta_g mean(new updates)``.
 * Anchors hold the trainable parameters; model state (BatchNorm statistics) moves by the arrivals' mean.
 
 References:
@@ -116,20 +116,23 @@ def coefficient_gradient(loss_fn: Callable[[Params], jax.Array], params: Params,
     backward pass at the merged model, then ``<g, a_m>`` for every anchor."""
     merged = jax.tree.map(jnp.add, params, combine(coefficients, anchors))
     loss, g = jax.value_and_grad(loss_fn)(merged)
-    products = jax.tree.map(lambda a, x: jnp.tensordot(a.reshape(a.shape[0], -1), x.reshape(-1), axes=1), anchors, g)
+    products = jax.tree.map(lambda a, x: jnp.tensordot(a.reshape(a.shape[0], -1), x.reshape(-1), axes=1),
+                            anchors, g)
     return loss, sum(jax.tree.leaves(products))
 
 
-def search(loss_at: Callable[[Params, jax.Array], jax.Array], params: Params, anchors: Params, valid: jax.Array,
-           start: jax.Array, anchor: jax.Array, regularization: float | jax.Array, steps: int,
-           optimizer: optax.GradientTransformation, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def search(loss_at: Callable[[Params, jax.Array], jax.Array], params: Params, anchors: Params,
+           valid: jax.Array, start: jax.Array, anchor: jax.Array, regularization: float | jax.Array,
+           steps: int, optimizer: optax.GradientTransformation,
+           key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``steps`` optimiser steps on ``L(c) + lambda/2 ||c - c'||^2`` from ``start`` (Eq. 7 and 11), with
-    ``loss_at(variables, key)`` the server loss of a batch drawn from ``key``; coefficients of invalid slots stay 0.
-    Returns the coefficients and the server loss at ``start`` and at them, on one more batch."""
+    ``loss_at(variables, key)`` the server loss of a batch drawn from ``key``; coefficients of invalid slots
+    stay 0. Returns the coefficients and the server loss at ``start`` and at them, on one more batch."""
 
     def step(carry, s):
         c, opt_state = carry
-        loss, grad = coefficient_gradient(lambda p: loss_at(p, jax.random.fold_in(key, s)), params, anchors, c)
+        loss, grad = coefficient_gradient(lambda p: loss_at(p, jax.random.fold_in(key, s)),
+                                          params, anchors, c)
         grad = jnp.where(valid, grad + regularization * (c - anchor), 0.0)
         updates, opt_state = optimizer.update(grad, opt_state, c)
         return (jnp.where(valid, optax.apply_updates(c, updates), 0.0), opt_state), loss
@@ -150,9 +153,10 @@ class FeddleState(NamedTuple):
 def train_head(surrogate: FeatureHeadTask, variables: Params, head: Params, draw: Callable, arrays: Arrays,
                key: jax.Array, steps: int, learning_rate: float | jax.Array) -> Params:
     """Eq. 9: ``steps`` Adam steps on the surrogate loss over the head alone, the model held fixed."""
-    head, _ = train_on_server_batches(lambda h, fixed, batch, k: (surrogate.loss(variables, h, batch, k)[0], fixed),
-                                      head, (), draw=draw, arrays=arrays, key=key, steps=steps,
-                                      optimizer=optax.adam(learning_rate))
+    head, _ = train_on_server_batches(
+        lambda h, fixed, batch, k: (surrogate.loss(variables, h, batch, k)[0], fixed),
+        head, (), draw=draw, arrays=arrays, key=key, steps=steps,
+        optimizer=optax.adam(learning_rate))
     return head
 
 
@@ -166,16 +170,18 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
     """Feddle's merge: see the module docstring. ``loss_fn(variables, batch, key)`` is the task's loss;
     ``server_batch(arrays, key)`` draws a batch of the server's data.
 
-    With a ``surrogate`` (out-of-domain server data, Eq. 9-10) the search minimises the surrogate's loss: a new
-    linear head on the model's features, first trained ``head_steps`` steps at the fallback model (Eq. 9) and
-    kept across rounds. Only the body's anchors move that loss, and the coefficients are applied to the whole
-    anchors, head included; the surrogate's head never enters the global model.
+    With a ``surrogate`` (out-of-domain server data, Eq. 9-10) the search minimises the surrogate's loss: a
+    new linear head on the model's features, first trained ``head_steps`` steps at the fallback model (Eq. 9)
+    and kept across rounds. Only the body's anchors move that loss, and the coefficients are applied to the
+    whole anchors, head included; the surrogate's head never enters the global model.
 
-    ``probe(variables, key)``, a loss on data the search never sees (Fig. 7: in-domain rows beside an out-of-domain
-    search), adds the metric ``feddle_probe_cosine``: the cosine between the search's coefficient gradient and
-    the probe's, both at the search's start and drawn with the same key. ``head_key`` initialises the surrogate's head (required with one)."""
+    ``probe(variables, key)``, a loss on data the search never sees (Fig. 7: in-domain rows beside an
+    out-of-domain search), adds the metric ``feddle_probe_cosine``: the cosine between the search's
+    coefficient gradient and the probe's, both at the search's start and drawn with the same key. ``head_key``
+    initialises the surrogate's head (required with one)."""
     if surrogate is not None and head_key is None:
-        raise ValueError("coefficient_search: a surrogate needs head_key, the key of its head's initialisation")
+        raise ValueError("coefficient_search: a surrogate needs head_key, the key of its head's "
+                         "initialisation")
 
     def server_init(variables):
         head = None
@@ -195,7 +201,8 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         atlas, filled = insert(atlas, deltas, take, clock)
         anchors, norms, med = normalized(atlas, normalize)
         new = jnp.sum(filled)
-        fallback = jnp.where(filled, fallback_rate * (norms / med if normalize else 1.0) / jnp.maximum(new, 1), 0.0)
+        fallback = jnp.where(filled,
+                             fallback_rate * (norms / med if normalize else 1.0) / jnp.maximum(new, 1), 0.0)
         start = fallback if fallback_init else jnp.zeros_like(fallback)
 
         model_state = split_variables(variables)[1]
@@ -204,8 +211,8 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
                 return loss_fn(merge_variables(p, model_state, variables),
                                server_batch(view.context.server_arrays, key), key)[0]
         else:
-            at_fallback = merge_variables(jax.tree.map(jnp.add, params, combine(fallback, anchors)), model_state,
-                                          variables)
+            at_fallback = merge_variables(jax.tree.map(jnp.add, params, combine(fallback, anchors)),
+                                          model_state, variables)
             head = train_head(surrogate, at_fallback, head, draw=server_batch,
                               arrays=view.context.server_arrays,
                               key=component_key(view.context.key, "feddle.head"), steps=head_steps,
@@ -219,7 +226,8 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         if probe is not None:
             merged = lambda p: merge_variables(p, model_state, variables)
             _, g_search = coefficient_gradient(lambda p: loss_at(p, view.context.key), params, anchors, start)
-            _, g_probe = coefficient_gradient(lambda p: probe(merged(p), view.context.key), params, anchors, start)
+            _, g_probe = coefficient_gradient(lambda p: probe(merged(p), view.context.key),
+                                              params, anchors, start)
             g_search, g_probe = jnp.where(atlas.valid, g_search, 0.0), jnp.where(atlas.valid, g_probe, 0.0)
             metrics["feddle_probe_cosine"] = jnp.vdot(g_search, g_probe) / jnp.maximum(
                 jnp.linalg.norm(g_search) * jnp.linalg.norm(g_probe), 1e-30)
@@ -232,7 +240,8 @@ def coefficient_search(loss_fn: LossFn, server_batch: Callable[[Arrays, jax.Arra
         atlas = atlas._replace(scores=scores)
         mean_state = weighted_mean(state_deltas, view.weights)
         metrics |= {"feddle_atlas_size": jnp.sum(atlas.valid),
-                   "feddle_negative_fraction": jnp.sum(atlas.valid & (c < 0)) / jnp.maximum(jnp.sum(atlas.valid), 1),
+                   "feddle_negative_fraction": (jnp.sum(atlas.valid & (c < 0))
+                                                / jnp.maximum(jnp.sum(atlas.valid), 1)),
                    "feddle_anchor_norm_median": med, "feddle_search_loss_start": loss_before,
                    "feddle_search_loss_end": loss_after, "feddle_coefficients": c}
         return merge_variables(combine(c, anchors), mean_state, variables), FeddleState(atlas, head), metrics
@@ -266,5 +275,6 @@ def test_probe(context, num_examples: int) -> Callable[[Params, jax.Array], jax.
         return None
     test = context.dataset.test
     n = min(num_examples, len(test["y"]))
-    batch = {"x": jnp.asarray(test["x"][:n]), "y": jnp.asarray(test["y"][:n]), "mask": jnp.ones((n,), jnp.float32)}
+    batch = {"x": jnp.asarray(test["x"][:n]), "y": jnp.asarray(test["y"][:n]),
+             "mask": jnp.ones((n,), jnp.float32)}
     return lambda variables, key: context.classifier.loss(variables, batch, key)[0]

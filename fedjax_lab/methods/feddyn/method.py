@@ -1,7 +1,8 @@
 """FedDyn: dynamic regularisation. Client k minimises ``f_k(w) - <g_k, w> + alpha/2 ||w - x||^2`` and then
-updates its state ``g_k <- g_k - alpha (y_k - x)``. The server keeps ``h <- h - alpha / N sum_{k in S} (y_k - x)``
-and sets ``x+ = mean_{k in S} y_k - h / alpha`` (with the default server step, ``x + mean Delta_k``). With
-``alpha = 0`` it is FedAvg. The paper averages the cohort uniformly (``weighting: uniform``, the default).
+updates its state ``g_k <- g_k - alpha (y_k - x)``. The server keeps
+``h <- h - alpha / N sum_{k in S} (y_k - x)`` and sets ``x+ = mean_{k in S} y_k - h / alpha`` (with the
+default server step, ``x + mean Delta_k``). With ``alpha = 0`` it is FedAvg. The paper averages the cohort
+uniformly (``weighting: uniform``, the default).
 
 References:
   Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1.
@@ -30,14 +31,15 @@ def linear_term(g):
 
 
 def dynamic_regularization(alpha: float) -> Component:
-    """FedDyn's change to the round: the linear and proximal terms, the clients' ``g_k`` and the server's ``h``."""
+    """FedDyn's change to the round: the linear and proximal terms, the clients' ``g_k`` and the server's
+    ``h``."""
     def zeros(params):
         return tree_zeros_like(split_variables(params)[0])
 
     def loss_term(view):
         linear, proximal = linear_term(view.state), proximal_term(view.global_variables, alpha)
-        return lambda variables, batch, forward: linear(variables, batch, forward) + proximal(variables, batch,
-                                                                                               forward)
+        return lambda variables, batch, forward: (linear(variables, batch, forward)
+                                                  + proximal(variables, batch, forward))
 
     def finish(view, result):
         return None, tree_sub(view.state, tree_scale(split_variables(result.delta)[0], alpha))

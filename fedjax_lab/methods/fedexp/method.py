@@ -1,11 +1,11 @@
 """FedExP: an adaptive, extrapolating server step size.
 
-``eta_g = max(1, sum_{k in S} ||Delta_k||^2 / (2 |S| (||Delta_bar||^2 + eps)))`` with ``Delta_bar`` the uniform
-mean, then ``x+ = x + eta_g Delta_bar`` (the server optimiser steps on ``eta_g Delta_bar``; with the default
-``sgd(1)`` exactly this). The step is never below FedAvg's. The paper averages uniformly (``weighting: uniform``,
-the default); model state (BatchNorm statistics) is averaged, not extrapolated. Extrapolated steps overshoot
-and oscillate with period 2, so the paper reports the average of the last two iterates (``average_last_two``,
-on by default); the training itself continues from the last iterate.
+``eta_g = max(1, sum_{k in S} ||Delta_k||^2 / (2 |S| (||Delta_bar||^2 + eps)))`` with ``Delta_bar`` the
+uniform mean, then ``x+ = x + eta_g Delta_bar`` (the server optimiser steps on ``eta_g Delta_bar``; with the
+default ``sgd(1)`` exactly this). The step is never below FedAvg's. The paper averages uniformly
+(``weighting: uniform``, the default); model state (BatchNorm statistics) is averaged, not extrapolated.
+Extrapolated steps overshoot and oscillate with period 2, so the paper reports the average of the last two
+iterates (``average_last_two``, on by default); the training itself continues from the last iterate.
 
 References:
   Jhunjhunwala et al., "FedExP: Speeding Up Federated Averaging via Extrapolation", ICLR 2023, Eq. (9).
@@ -43,8 +43,8 @@ def step_from_sums(sums: dict[str, jax.Array], epsilon: float) -> jax.Array:
 
 
 def extrapolation_step(deltas, epsilon: float, mask: jax.Array | None = None) -> jax.Array:
-    """FedExP's ``eta_g`` from the stacked client deltas (trainable parameters only) of the clients in ``mask``
-    (default all)."""
+    """FedExP's ``eta_g`` from the stacked client deltas (trainable parameters only) of the clients in
+    ``mask`` (default all)."""
     return step_from_sums(extrapolation_sums(deltas, mask), epsilon)
 
 
@@ -68,8 +68,8 @@ def extrapolation(epsilon: float = 1e-3, average_last_two: bool = True) -> Compo
         return view.global_variables, new_variables, {}  # w_{t-1}, kept for the report
 
     def reported(previous, variables):
-        return jax.tree.map(lambda a, b: (a + b) / 2 if jnp.issubdtype(a.dtype, jnp.floating) else a, variables,
-                            previous)
+        return jax.tree.map(lambda a, b: (a + b) / 2 if jnp.issubdtype(a.dtype, jnp.floating) else a,
+                            variables, previous)
 
     def server_init(variables):
         return jax.tree.map(jnp.copy, variables)  # its own buffers: the loop state is donated to each block

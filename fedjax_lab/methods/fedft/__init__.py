@@ -16,7 +16,8 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register(plugin=True, needs_server_data=True)
 class FedFTConfig(AlgorithmFields):
-    """Fed+FT (Feddle's baseline): the aggregate is fine-tuned on the server's data after every server step."""
+    """Fed+FT (Feddle's baseline): the aggregate is fine-tuned on the server's data after every server
+    step."""
 
     name: Literal["fedft"] = method_name("fedft")
     steps: PositiveInt = Field(20, description="Adam steps on the server's data a round")

@@ -19,7 +19,8 @@ from fedjax_lab.engine.types import LossFn
 from fedjax_lab.engine.variables import merge_variables, split_variables
 
 
-def server_finetune(loss_fn: LossFn, steps: int, learning_rate: float | jax.Array, batch_size: int) -> Component:
+def server_finetune(loss_fn: LossFn, steps: int, learning_rate: float | jax.Array,
+                    batch_size: int) -> Component:
     """After the server step, ``steps`` Adam steps on the server's data from the new global model (the
     optimiser starts afresh every round; model state follows the batches)."""
     draw = sample_server_batch(batch_size)

@@ -20,17 +20,19 @@ class FedGenConfig(AlgorithmFields):
     features from the clients' heads; clients regularise on its features."""
 
     name: Literal["fedgen"] = method_name("fedgen")
-    alpha: float = Field(10.0, ge=0, description="weight of the teacher term on generated features (its code: 10), "
-                                                 "decayed by 0.98 a round to at least 1e-4")
-    beta: float = Field(10.0, ge=0, description="weight of the latent distillation term (its code, MNIST: 10), "
-                                                "decayed likewise")
+    alpha: float = Field(10.0, ge=0, description="weight of the teacher term on generated features (its "
+                                                 "code: 10), decayed by 0.98 a round to at least 1e-4")
+    beta: float = Field(10.0, ge=0, description="weight of the latent distillation term (its code, MNIST: "
+                                                "10), decayed likewise")
     noise_dim: PositiveInt = Field(32, description="the generator's noise (its code: 32 MNIST, 64 CIFAR)")
-    hidden: PositiveInt = Field(256, description="the generator's hidden width (its code: 256 MNIST, 512 CIFAR)")
+    hidden: PositiveInt = Field(
+        256, description="the generator's hidden width (its code: 256 MNIST, 512 CIFAR)")
     generator_steps: int = Field(50, ge=0, description="the server's Adam steps on the generator a round")
     generator_learning_rate: PositiveFloat = Field(3e-4, description="its code: 3e-4 MNIST, 1e-4 otherwise; "
                                                                      "x0.98 a round")
     generator_batch_size: PositiveInt = Field(32, description="labels per generator step (its code: 32)")
-    teacher_batch_size: PositiveInt = Field(32, description="generated features per client step (its code: 32)")
+    teacher_batch_size: PositiveInt = Field(
+        32, description="generated features per client step (its code: 32)")
     diversity_weight: float = Field(1.0, ge=0, description="weight of the generator's diversity loss")
 
 

@@ -1,10 +1,11 @@
 """FedNova: normalised averaging, so that clients taking more local steps do not pull the model their way.
 
 Client k sends ``Delta_k = y_k - x`` and ``a_k``, the sum of the coefficients its optimiser gave the gradients
-(``tau_k`` for SGD, ``[tau_k - rho (1 - rho^tau_k) / (1 - rho)] / (1 - rho)`` with heavy-ball momentum ``rho``),
-read from the optimiser as ``LocalStats.unit_step / eta``. The server forms ``d_k = Delta_k / a_k``,
-``tau_eff = sum_k p_k a_k`` and steps with ``tau_eff sum_k p_k d_k``. With equal ``a_k`` this is weighted FedAvg.
-Only the trainable parameters are normalised: model state (BatchNorm statistics) is the plain weighted mean.
+(``tau_k`` for SGD, ``[tau_k - rho (1 - rho^tau_k) / (1 - rho)] / (1 - rho)`` with heavy-ball momentum
+``rho``), read from the optimiser as ``LocalStats.unit_step / eta``. The server forms ``d_k = Delta_k / a_k``,
+``tau_eff = sum_k p_k a_k`` and steps with ``tau_eff sum_k p_k d_k``. With equal ``a_k`` this is weighted
+FedAvg. Only the trainable parameters are normalised: model state (BatchNorm statistics) is the plain weighted
+mean.
 
 References:
   Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization",

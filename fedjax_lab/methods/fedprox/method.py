@@ -1,5 +1,5 @@
-"""FedProx: clients minimise ``f_k(w) + mu/2 ||w - x_t||^2``; the proximal term anchors them to the global model
-``x_t`` (``mu = 0`` is FedAvg).
+"""FedProx: clients minimise ``f_k(w) + mu/2 ||w - x_t||^2``; the proximal term anchors them to the global
+model ``x_t`` (``mu = 0`` is FedAvg).
 
 References:
   Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, Eq. (2).

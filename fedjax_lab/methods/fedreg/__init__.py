@@ -20,11 +20,14 @@ class FedRegConfig(AlgorithmFields):
     directions that raise the loss on the global model's pseudo data and on perturbed data."""
 
     name: Literal["fedreg"] = method_name("fedreg")
-    gamma: float = Field(0.5, gt=0, le=1, description="slow update: the gradient is taken at gamma w + (1 - gamma) "
-                                                      "x_t (1: at w)")
-    p_iters: int = Field(10, ge=0, description="signed-gradient ascent steps that make the pseudo and perturbed data")
-    ps_eta: float = Field(0.1, ge=0, description="step of the pseudo data (model-input units; its CIFAR-10 config)")
-    pt_eta: float = Field(0.001, ge=0, description="step of the perturbed data (its CIFAR-10 config; FedCOG: 1e-3)")
+    gamma: float = Field(0.5, gt=0, le=1, description="slow update: the gradient is taken at gamma "
+                                                      "w + (1 - gamma) x_t (1: at w)")
+    p_iters: int = Field(
+        10, ge=0, description="signed-gradient ascent steps that make the pseudo and perturbed data")
+    ps_eta: float = Field(
+        0.1, ge=0, description="step of the pseudo data (model-input units; its CIFAR-10 config)")
+    pt_eta: float = Field(
+        0.001, ge=0, description="step of the perturbed data (its CIFAR-10 config; FedCOG: 1e-3)")
 
 
 __getattr__ = lazy_method(__name__)

@@ -30,19 +30,22 @@ class FedWalkConfig(Fields):
     learning_rate: PositiveFloat | None = Field(None, description="gamma; default client.learning_rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="leash SGD momentum (the paper: none)")
     client_loss: Literal["final", "train"] = Field(
-        "final", description="L_k: the final local model's evaluation-mode loss on client_loss_examples of the "
-                             "client's data, or the mean loss of its training steps")
-    client_loss_examples: PositiveInt = Field(256, description="sample size of L_k (all, for smaller clients)")
-    leash_loss_examples: PositiveInt = Field(512, description="sample size of Ls (all, for a smaller leash set)")
-    pretrain_steps: PositiveInt | None = Field(None, description="leash steps before FL. mode pretrain: default "
-                                                                 "rounds.num_rounds * steps; mode leash: default "
-                                                                 "none, else FedWalk starts from the pre-trained "
-                                                                 "model and leash head")
+        "final", description="L_k: the final local model's evaluation-mode loss on client_loss_examples of "
+                             "the client's data, or the mean loss of its training steps")
+    client_loss_examples: PositiveInt = Field(
+        256, description="sample size of L_k (all, for smaller clients)")
+    leash_loss_examples: PositiveInt = Field(
+        512, description="sample size of Ls (all, for a smaller leash set)")
+    pretrain_steps: PositiveInt | None = Field(None, description="leash steps before FL. mode pretrain: "
+                                                                 "default rounds.num_rounds * steps; mode "
+                                                                 "leash: default none, else FedWalk starts "
+                                                                 "from the pre-trained model and leash head")
 
     @model_validator(mode="after")
     def _tau_is_a_number(self):
         if self.tau != self.tau:
-            raise ValueError("algorithm.plugins: fedwalk.tau must be a number (.inf and -.inf are allowed), got nan")
+            raise ValueError("algorithm.plugins: fedwalk.tau must be a number (.inf and -.inf are allowed), "
+                             "got nan")
         return self
 
 

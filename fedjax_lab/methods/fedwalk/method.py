@@ -10,8 +10,8 @@ Round t of any base algorithm X, then (Algorithm 1 of the paper):
 
 The leash task has its own label set, so its loss ``F`` reads the model's features through a separate leash
 head, which lives only on the server: it is neither broadcast nor aggregated. X's own state (SCAFFOLD's
-controls, a server optimiser's moments) is left as X made it. ``Ls`` starts at the largest float32, so the gate
-opens in round 1 for every finite ``tau``; ``tau = -inf`` never opens it (FedWalk is then X exactly) and
+controls, a server optimiser's moments) is left as X made it. ``Ls`` starts at the largest float32, so the
+gate opens in round 1 for every finite ``tau``; ``tau = -inf`` never opens it (FedWalk is then X exactly) and
 ``tau = +inf`` always does. Decisions on the paper's open points are in docs/reproductions/fedwalk.md.
 
 References:
@@ -39,7 +39,8 @@ from fedjax_lab.models.surrogate import FeatureHeadTask
 from fedjax_lab.models.tasks import Classifier, masked_mean
 
 UNMEASURED_LEASH_LOSS = float(np.finfo(np.float32).max)
-"""``Ls`` before the first leash update: larger than any finite ``2^-tau Lc``, so the gate opens in round 1."""
+"""``Ls`` before the first leash update: larger than any finite ``2^-tau Lc``, so the gate opens in
+round 1."""
 
 
 LeashTask = FeatureHeadTask
@@ -47,7 +48,8 @@ LeashTask = FeatureHeadTask
 
 
 def leash_steps(leash: LeashTask, variables: Params, head: Params, arrays: Arrays, key: jax.Array,
-                optimizer: optax.GradientTransformation, num_steps: int, batch_size: int) -> tuple[Params, Params]:
+                optimizer: optax.GradientTransformation, num_steps: int,
+                batch_size: int) -> tuple[Params, Params]:
     """``num_steps`` optimiser steps on the leash loss (Eq. 6), each on ``batch_size`` leash examples drawn
     without replacement; trains the model's trainable variables and the leash head together, carries the
     model state (BatchNorm statistics) the steps produce, and starts the optimiser afresh."""
@@ -58,8 +60,8 @@ def leash_steps(leash: LeashTask, variables: Params, head: Params, arrays: Array
         return leash.loss(merge_variables(params, model_state, variables), head, batch, step_key)
 
     trainable, model_state = train_on_server_batches(loss_of, (params, head), model_state,
-                                                     draw=sample_server_batch(batch_size), arrays=arrays, key=key,
-                                                     steps=num_steps, optimizer=optimizer)
+                                                     draw=sample_server_batch(batch_size), arrays=arrays,
+                                                     key=key, steps=num_steps, optimizer=optimizer)
     return merge_variables(trainable[0], model_state, variables), trainable[1]
 
 
@@ -107,19 +109,21 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
       tau: the LLR threshold; higher trains the leash more.
       beta: the momentum of the client-loss EMA (not given in the paper).
       learning_rate, momentum: the leash optimiser (the paper: SGD with ``gamma = eta``, the clients' rate).
-      num_steps: ``T_s``, leash steps when the gate is open (the paper: 1). batch_size: ``B_s`` (the paper: 64).
+      num_steps: ``T_s``, leash steps when the gate is open (the paper: 1). batch_size: ``B_s``
+        (the paper: 64).
       leash_loss_examples: how many leash examples ``Ls`` is measured on (all of them when there are fewer).
       client_loss, client_loss_examples: how clients measure ``L_k`` (:func:`client_loss_report`).
     """
     if base.with_components is None:
-        raise ValueError("FedWalk adds its client-loss report to the base algorithm's clients; build the base "
-                         "from components (fedjax_lab.engine.round.component_round)")
+        raise ValueError("FedWalk adds its client-loss report to the base algorithm's clients; build the "
+                         "base from components (fedjax_lab.engine.round.component_round)")
     inner = base.with_components(client_loss_report(leash.classifier, client_loss, client_loss_examples))
     optimizer = optax.sgd(learning_rate, momentum=momentum)
 
     def server_init(params):
-        return FedWalkState(inner.server_init(params), leash.init_head(head_key, params), jnp.zeros((), jnp.float32),
-                            jnp.full((), UNMEASURED_LEASH_LOSS, jnp.float32), jnp.zeros((), jnp.int32))
+        return FedWalkState(inner.server_init(params), leash.init_head(head_key, params),
+                            jnp.zeros((), jnp.float32), jnp.full((), UNMEASURED_LEASH_LOSS, jnp.float32),
+                            jnp.zeros((), jnp.int32))
 
     def client_init(server_state):
         return inner.client_init(server_state.base)
@@ -150,7 +154,8 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
         state = FedWalkState(inner.set_model_params(base_state, variables), head, ema, leash_loss, taken)
         return state, {**metrics, "leash_open": is_open.astype(jnp.float32), "client_loss": client_loss,
                        "client_loss_ema": ema,
-                       "leash_loss": leash_loss, "log_loss_ratio": jnp.log2(jnp.maximum(ema, 1e-30) / leash_loss),
+                       "leash_loss": leash_loss,
+                       "log_loss_ratio": jnp.log2(jnp.maximum(ema, 1e-30) / leash_loss),
                        "leash_steps_taken": taken.astype(jnp.float32)}
 
     def set_model_params(server_state, params):
@@ -165,12 +170,14 @@ def fedwalk(base: Algorithm, leash: LeashTask, head_key: jax.Array, tau: float, 
     reported = None if inner.reported_params is None else (
         lambda server_state: inner.reported_params(server_state.base))
     return Algorithm(server_init=server_init, client_init=client_init, client_update=client_update,
-                     server_update=server_update, model_params=lambda server_state: inner.model_params(server_state.base),
-                     set_model_params=set_model_params, with_components=with_components, reported_params=reported)
+                     server_update=server_update,
+                     model_params=lambda server_state: inner.model_params(server_state.base),
+                     set_model_params=set_model_params, with_components=with_components,
+                     reported_params=reported)
 
 
-def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays, key: jax.Array,
-                      num_steps: int, learning_rate: float, momentum: float = 0.0,
+def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, arrays: Arrays,
+                      key: jax.Array, num_steps: int, learning_rate: float, momentum: float = 0.0,
                       batch_size: int = 64) -> tuple[Params, Params]:
     """The ablation's "pre-training" (Fig. 4): ``num_steps`` leash steps on the initial model before FL, which
     then runs without a leash; returns the model and the leash head (which FL does not use)."""
@@ -181,9 +188,10 @@ def pretrain_on_leash(leash: LeashTask, variables: Params, head_key: jax.Array, 
 
 
 def build(config, context) -> Callable[[Algorithm], Algorithm]:
-    """The ``fedwalk`` plug-in of ``algorithm.plugins``: "X + FedWalk" on the leash set ``dataset.server_data``,
-    optionally from a model and leash head pre-trained on it, or (``mode: pretrain``) the ablation's pre-training
-    followed by X without a leash. The leash head and the pre-training batches are drawn from the run's seed."""
+    """The ``fedwalk`` plug-in of ``algorithm.plugins``: "X + FedWalk" on the leash set
+    ``dataset.server_data``, optionally from a model and leash head pre-trained on it, or (``mode: pretrain``)
+    the ablation's pre-training followed by X without a leash. The leash head and the pre-training batches are
+    drawn from the run's seed."""
     leash = LeashTask(context.classifier, int(context.dataset.server["y"].max()) + 1)
     head_key = component_key(randomness.init_key(context.key), "fedwalk")
     rate = context.values.client.learning_rate if config.learning_rate is None else config.learning_rate
@@ -200,7 +208,8 @@ def build(config, context) -> Callable[[Algorithm], Algorithm]:
 
     def wrap(base: Algorithm) -> Algorithm:
         if config.mode == "pretrain":
-            return base._replace(server_init=lambda params: base.server_init(pretrain(params, leash_arrays)[0]))
+            return base._replace(
+                server_init=lambda params: base.server_init(pretrain(params, leash_arrays)[0]))
         walked = fedwalk(base, leash, head_key, tau=config.tau, beta=config.beta, learning_rate=rate,
                          momentum=config.momentum, num_steps=config.steps, batch_size=config.batch_size,
                          leash_loss_examples=config.leash_loss_examples, client_loss=config.client_loss,

@@ -20,8 +20,8 @@ class GraBConfig(AlgorithmFields):
 
     name: Literal["grab"] = method_name("grab")
     centering: Literal["partial_sum", "running_mean"] = Field(
-        "partial_sum", description="the vector balanced is u - m: m Alg. 4's partial sum over tau_k (as written), "
-                                   "or the running mean of the steps so far")
+        "partial_sum", description="the vector balanced is u - m: m Alg. 4's partial sum over tau_k "
+                                   "(as written), or the running mean of the steps so far")
 
 
 __getattr__ = lazy_method(__name__)

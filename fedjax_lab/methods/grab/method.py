@@ -1,13 +1,14 @@
 """GraB-FedAvg: online balancing of the local steps, the baseline of BHerd's Alg. 4.
 
-Each client keeps, through its steps, a running sum ``m`` of its updates divided by ``tau_k`` (the paper's "running
-mean", which is a partial sum), a balance ``s`` and the sum ``g`` of the steps it selects: at each step, with
-``c = u - m``, the step is selected (``s <- s + c``, ``g <- g + u``) when ``||s + c|| < ||s - c||`` and otherwise
-``s <- s - c``. Nothing is stored per step. The client sends ``g`` and its selected fraction ``alpha_k``; the server
-steps by ``(1 / a_t) sum_k p_k g_k`` with ``a_t = sum_k p_k alpha_k``. The state is reset every round.
+Each client keeps, through its steps, a running sum ``m`` of its updates divided by ``tau_k`` (the paper's
+"running mean", which is a partial sum), a balance ``s`` and the sum ``g`` of the steps it selects: at each
+step, with ``c = u - m``, the step is selected (``s <- s + c``, ``g <- g + u``) when ``||s + c|| < ||s - c||``
+and otherwise ``s <- s - c``. Nothing is stored per step. The client sends ``g`` and its selected fraction
+``alpha_k``; the server steps by ``(1 / a_t) sum_k p_k g_k`` with ``a_t = sum_k p_k alpha_k``. The state is
+reset every round.
 
-As in :mod:`.bherd`, the steps are the client's updates (``-eta z`` for plain SGD): the choice is the same, and
-``g`` is already in the delta's unit.
+As in :mod:`.bherd`, the steps are the client's updates (``-eta z`` for plain SGD): the choice is the same,
+and ``g`` is already in the delta's unit.
 
 References:
   Luo et al., "Accelerating Federated Learning by Selecting Beneficial Herd of Local Gradients", 2024, Alg. 4
@@ -29,9 +30,10 @@ from fedjax_lab.engine.variables import merge_variables, split_variables
 def balance_step(carry: dict, update, num_steps: jax.Array, centering: str = "partial_sum") -> dict:
     """One step of Alg. 4's balancing: ``carry`` holds ``m``, ``s``, ``g`` and the count of selected steps.
 
-    ``centering``: ``partial_sum`` is Alg. 4 as written, ``m <- m + u / tau_k`` (a running sum over ``tau_k``, which
-    lags the steps' mean by the fraction of the round not yet run); ``running_mean`` is the mean of the steps so
-    far, ``m <- m + (u - m) / j`` at the ``j``-th step (what GraB's balancing assumes: centred vectors)."""
+    ``centering``: ``partial_sum`` is Alg. 4 as written, ``m <- m + u / tau_k`` (a running sum over ``tau_k``,
+    which lags the steps' mean by the fraction of the round not yet run); ``running_mean`` is the mean of the
+    steps so far, ``m <- m + (u - m) / j`` at the ``j``-th step (what GraB's balancing assumes: centred
+    vectors)."""
     if centering == "running_mean":
         j = (carry["count_seen"] + 1).astype(jnp.float32)
         m = tree_add(carry["m"], tree_scale(tree_sub(update, carry["m"]), 1.0 / j))
@@ -46,7 +48,8 @@ def balance_step(carry: dict, update, num_steps: jax.Array, centering: str = "pa
 
 
 def online_balancing(schedule: LocalSchedule, centering: str = "partial_sum") -> Component:
-    """GraB-FedAvg's change to the round (see the module docstring); ``schedule`` gives each client's ``tau_k``."""
+    """GraB-FedAvg's change to the round (see the module docstring); ``schedule`` gives each client's
+    ``tau_k``."""
 
     def running(view: ClientView):
         num_steps = jnp.maximum(schedule.client_steps(view.client.num_examples), 1).astype(jnp.float32)

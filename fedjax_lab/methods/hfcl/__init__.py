@@ -14,7 +14,8 @@ from fedjax_lab.methods.registry import AlgorithmFields, lazy_method, method_nam
 
 @register(needs_server_data=True)
 class HFCLConfig(AlgorithmFields):
-    """HFCL (Elbir et al. 2021; Feddle's baseline): the server trains as a client on its data and joins the mean."""
+    """HFCL (Elbir et al. 2021; Feddle's baseline): the server trains as a client on its data and joins the
+    mean."""
 
     name: Literal["hfcl"] = method_name("hfcl")
 

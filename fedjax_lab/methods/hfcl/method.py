@@ -2,7 +2,8 @@
 
 Feddle's in-domain baseline (Elbir et al. 2021): each server step the server runs the clients' local recipe
 (their optimiser and schedule) from the global model on its in-domain data, and its delta is averaged with the
-clients' with the weight of a client of that size (``weighting: num_examples``) or of one client (``uniform``).
+clients' with the weight of a client of that size (``weighting: num_examples``) or of one client
+(``uniform``).
 
 References:
   Elbir, Coleri and Mishra, "Hybrid Federated and Centralized Learning", EUSIPCO 2021.

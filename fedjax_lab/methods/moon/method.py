@@ -2,10 +2,10 @@
 
 ``l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )``
 
-where ``z``, ``z_glob`` and ``z_prev`` are the representations (``features``) of the batch under the local model
-being trained, the round's global model and the client's own previous local model, and ``sim`` is cosine
-similarity. The previous local model is per-client state (initialised to the initial global model), so ``mu = 0``
-is FedAvg. MOON's optional projection head is the model's choice of ``features``.
+where ``z``, ``z_glob`` and ``z_prev`` are the representations (``features``) of the batch under the local
+model being trained, the round's global model and the client's own previous local model, and ``sim`` is cosine
+similarity. The previous local model is per-client state (initialised to the initial global model), so
+``mu = 0`` is FedAvg. MOON's optional projection head is the model's choice of ``features``.
 
 References:
   Li, He and Song, "Model-Contrastive Federated Learning", CVPR 2021, Eq. (3)-(4).
@@ -28,13 +28,14 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def contrastive_loss(features, global_features, previous_features, temperature: float, mask) -> jax.Array:
     """``l_con`` (Eq. 3) averaged over the batch's real rows."""
-    logits = jnp.stack([cosine(features, global_features), cosine(features, previous_features)], -1) / temperature
+    logits = (jnp.stack([cosine(features, global_features), cosine(features, previous_features)], -1)
+              / temperature)
     return masked_mean(-jax.nn.log_softmax(logits)[:, 0], mask)
 
 
 def contrastive(classifier: Classifier, mu: float = 5.0, temperature: float = 0.5) -> Component:
-    """MOON's change to the round: ``mu * l_con`` in every client's loss, and the client's previous local model
-    as its state."""
+    """MOON's change to the round: ``mu * l_con`` in every client's loss, and the client's previous local
+    model as its state."""
 
     def loss_term(view):
         def term(variables, batch, forward):

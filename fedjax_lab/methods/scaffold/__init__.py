@@ -22,8 +22,8 @@ class ScaffoldConfig(AlgorithmFields):
     option: Literal["I", "II"] = Field("II", description="control update")
     control_average: Literal["all", "cohort"] = Field("all", description="divide control deltas by N or |S|")
     correction: Literal["after_step", "through_optimizer"] = Field(
-        "after_step", description="apply -eta (c - c_k) after the optimiser step, or add c - c_k to the gradient "
-                                  "before it (amplified by client momentum)")
+        "after_step", description="apply -eta (c - c_k) after the optimiser step, or add c - c_k to the "
+                                  "gradient before it (amplified by client momentum)")
 
 
 __getattr__ = lazy_method(__name__)

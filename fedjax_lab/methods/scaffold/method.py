@@ -3,13 +3,14 @@
 After its local steps client k updates its control (option II) ``c_k+ = c_k - c + (x - y_k) / (K_k eta)`` or
 (option I) ``c_k+ = grad f_k(x)``, and sends ``c_k+ - c_k`` beside its model delta. The server applies its
 optimiser to the mean model delta and moves ``c += sum_{k in S} (c_k+ - c_k) / N`` (``control_average='all'``,
-the paper's and NIID-Bench's) or ``/ |S|`` (``'cohort'``, FedImpro's code). Controls start at zero, so the first
-round is FedAvg.
+the paper's and NIID-Bench's) or ``/ |S|`` (``'cohort'``, FedImpro's code). Controls start at zero, so the
+first round is FedAvg.
 
-``K_k eta`` is read from what the client optimiser did, not assumed: with ``correction='through_optimizer'`` the
-correction passes through the optimiser like the gradient, so option II divides by the optimiser's unit step
-(``LocalStats.unit_step``: ``K eta`` for SGD, FedNova's ``eta a_k`` with momentum); with ``'after_step'`` the
-correction moves the parameters at the optimiser's plain rate, so option II divides by ``K`` times that rate.
+``K_k eta`` is read from what the client optimiser did, not assumed: with ``correction='through_optimizer'``
+the correction passes through the optimiser like the gradient, so option II divides by the optimiser's unit
+step (``LocalStats.unit_step``: ``K eta`` for SGD, FedNova's ``eta a_k`` with momentum); with ``'after_step'``
+the correction moves the parameters at the optimiser's plain rate, so option II divides by ``K`` times that
+rate.
 
 References:
   Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020, Alg. 1.
@@ -34,11 +35,13 @@ from fedjax_lab.engine.variables import merge_variables, split_variables
 def add_correction(correction: Params) -> optax.GradientTransformation:
     """An optax transformation adding a fixed tree to its input (gradients, or updates when chained after an
     optimiser)."""
-    return optax.GradientTransformation(lambda params: optax.EmptyState(),
-                                        lambda updates, state, params=None: (tree_add(updates, correction), state))
+    return optax.GradientTransformation(
+        lambda params: optax.EmptyState(),
+        lambda updates, state, params=None: (tree_add(updates, correction), state))
 
 
-def full_gradient(loss_fn: LossFn, variables: Params, client, arrays, batch_size: int, key: jax.Array) -> Params:
+def full_gradient(loss_fn: LossFn, variables: Params, client, arrays, batch_size: int,
+                  key: jax.Array) -> Params:
     """The gradient of client k's mean loss over all its examples at ``variables`` (option I), in batches."""
     params, model_state = split_variables(variables)
     max_examples = client.example_ids.shape[-1]
@@ -49,7 +52,8 @@ def full_gradient(loss_fn: LossFn, variables: Params, client, arrays, batch_size
         mask = rows < client.num_examples
         batch = gather_batch(arrays, client.example_ids[jnp.minimum(rows, max_examples - 1)], mask)
         batch_key = jax.random.fold_in(key, rows[0])
-        grads = jax.grad(lambda p: loss_fn(merge_variables(p, model_state, variables), batch, batch_key)[0])(params)
+        grads = jax.grad(
+            lambda p: loss_fn(merge_variables(p, model_state, variables), batch, batch_key)[0])(params)
         return tree_add(total, tree_scale(grads, jnp.sum(mask))), None
 
     total, _ = jax.lax.scan(one_batch, tree_zeros_like(params), slots)
@@ -62,9 +66,9 @@ def control_variates(loss_fn: LossFn | None = None, batch_size: int = 64, option
     """SCAFFOLD's change to the round (see the module docstring).
 
     ``correction='after_step'`` (NIID-Bench's, FedCOG's and FedImpro's code) moves the parameters by
-    ``-eta (c - c_k)`` after each optimiser step; ``'through_optimizer'`` adds ``c - c_k`` to the gradient before
-    the client optimiser (the paper's form). They agree without momentum. Option I needs ``loss_fn`` and
-    ``batch_size`` (the full-gradient pass).
+    ``-eta (c - c_k)`` after each optimiser step; ``'through_optimizer'`` adds ``c - c_k`` to the gradient
+    before the client optimiser (the paper's form). They agree without momentum. Option I needs ``loss_fn``
+    and ``batch_size`` (the full-gradient pass).
     """
     if option == "I" and loss_fn is None:
         raise ValueError("SCAFFOLD option I computes grad f_k(x): pass loss_fn")
@@ -84,7 +88,8 @@ def control_variates(loss_fn: LossFn | None = None, batch_size: int = 64, option
                                         view.key)
         else:
             steps = jnp.maximum(result.stats.num_steps, 1).astype(jnp.float32)
-            moved = result.stats.unit_step if correction == "through_optimizer" else steps * view.learning_rate
+            moved = (result.stats.unit_step if correction == "through_optimizer"
+                     else steps * view.learning_rate)
             drift = tree_scale(split_variables(result.delta)[0], -1.0 / moved)
             new_control = tree_add(tree_sub(view.state, view.server), drift)
         return tree_sub(new_control, view.state), new_control
@@ -99,8 +104,8 @@ def control_variates(loss_fn: LossFn | None = None, batch_size: int = 64, option
         divisor = view.context.num_clients if control_average == "all" else jnp.maximum(total["count"], 1.0)
         return tree_add(view.state, tree_scale(total["moved"], 1.0 / divisor)), params, {}
 
-    return Component("scaffold", client_init=zeros, server_init=zeros, finish=finish, after_step=after_step, sums=sums,
-                     needs_unit_step=correction == "through_optimizer",
+    return Component("scaffold", client_init=zeros, server_init=zeros, finish=finish, after_step=after_step,
+                     sums=sums, needs_unit_step=correction == "through_optimizer",
                      **({"gradient": gradient} if correction == "through_optimizer" else {"update": update}))
 
 

@@ -1,12 +1,13 @@
-"""VHL, virtual homogeneity learning: every client also fits one fixed virtual dataset of noise images that all
-clients share, and pulls its classes' features towards the virtual classes', so that the clients' feature
+"""VHL, virtual homogeneity learning: every client also fits one fixed virtual dataset of noise images that
+all clients share, and pulls its classes' features towards the virtual classes', so that the clients' feature
 spaces are calibrated against the same, homogeneous data.
 
 * **The virtual dataset** (built once from the run's key, identical for every client and round; its code's
-  ``Gaussian_Noise`` generator): for each virtual class ``c < V`` a mean ``m_c ~ N(0, I)`` on an 8x8 grid of the
-  model's channels; each image is ``m_c + 0.5 eps``, bilinearly upsampled to the model's input size, clipped to
-  ``[0, 1]`` and stored in 8 bits (its code saves image files). Each draw is randomly cropped (padding 4) and
-  flipped, then normalised by ``(x - 0.5) / 0.25``, and enters the model as its input directly.
+  ``Gaussian_Noise`` generator): for each virtual class ``c < V`` a mean ``m_c ~ N(0, I)`` on an 8x8 grid of
+  the model's channels; each image is ``m_c + 0.5 eps``, bilinearly upsampled to the model's input size,
+  clipped to ``[0, 1]`` and stored in 8 bits (its code saves image files). Each draw is randomly cropped
+  (padding 4) and flipped, then normalised by ``(x - 0.5) / 0.25``, and enters the model as its input
+  directly.
 * **The client loss** at every step, beside a real batch ``(x, y)``, on a virtual batch ``(x_v, y_v)``:
   ``CE(f(x), y) + alpha CE(f(x_v), y_v) + align_weight SupCon([h; sg(h_v)], [y; c_v])
   + virtual_weight SupCon(h_v, c_v)``, where ``h`` are the features the head reads, ``c_v`` the virtual class
@@ -54,8 +55,8 @@ class VirtualData(NamedTuple):
 
 
 def virtual_dataset(key: jax.Array, num_classes: int, per_class: int, shape: tuple[int, ...]) -> VirtualData:
-    """VHL's ``Gaussian_Noise`` virtual dataset: ``per_class`` images of each of ``num_classes`` classes, class
-    ``c``'s being ``clip(upsample(m_c + 0.5 eps), 0, 1)`` with ``m_c ~ N(0, I)``, in the input shape
+    """VHL's ``Gaussian_Noise`` virtual dataset: ``per_class`` images of each of ``num_classes`` classes,
+    class ``c``'s being ``clip(upsample(m_c + 0.5 eps), 0, 1)`` with ``m_c ~ N(0, I)``, in the input shape
     ``(H, W, C)``; a function of ``key`` alone."""
     h, w, c = shape
     mean_key, noise_key = jax.random.split(key)
@@ -77,10 +78,10 @@ def virtual_batch(data: VirtualData, key: jax.Array, size: int) -> tuple[jax.Arr
 
 
 def supcon(features: jax.Array, labels: jax.Array, mask: jax.Array, temperature: float = 0.07) -> jax.Array:
-    """Supervised contrastive loss (Khosla et al., Eq. 2, one view): for each anchor ``i`` among the rows where
-    ``mask`` is set, ``-mean_{p in P(i)} [s_ip - log sum_{a != i} exp s_ia]`` with ``s = f f^T / temperature`` of
-    the l2-normalised features and ``P(i)`` the other rows of ``i``'s label; averaged over the anchors, those
-    without a positive counting 0."""
+    """Supervised contrastive loss (Khosla et al., Eq. 2, one view): for each anchor ``i`` among the rows
+    where ``mask`` is set, ``-mean_{p in P(i)} [s_ip - log sum_{a != i} exp s_ia]`` with
+    ``s = f f^T / temperature`` of the l2-normalised features and ``P(i)`` the other rows of ``i``'s label;
+    averaged over the anchors, those without a positive counting 0."""
     f = features / (jnp.linalg.norm(features, axis=-1, keepdims=True) + 1e-12)
     n = f.shape[0]
     valid = mask.astype(bool)
@@ -119,7 +120,8 @@ def virtual_homogeneity(classifier: Classifier, key: jax.Array, num_classes: int
     def loss_term(view: ClientView):
         def term(variables, b, forward):
             logits_v, h_v = classifier.apply_inputs(variables, b["vhl_x"], train=True)
-            ce_v = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits_v, b["vhl_class"] + offset))
+            ce_v = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+                logits_v, b["vhl_class"] + offset))
             h = forward.features.reshape(forward.features.shape[0], -1)
             h_v = h_v.reshape(h_v.shape[0], -1)
             both_mask = jnp.concatenate([b["mask"], jnp.ones(h_v.shape[:1])])
@@ -136,7 +138,8 @@ def virtual_homogeneity(classifier: Classifier, key: jax.Array, num_classes: int
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: vhl`` (or of a ``vhl`` plug-in)."""
-    return (virtual_homogeneity(context.classifier, randomness.setup_key(context.key, "vhl"), context.dataset.num_classes, alpha=config.alpha,
+    return (virtual_homogeneity(context.classifier, randomness.setup_key(context.key, "vhl"),
+                                context.dataset.num_classes, alpha=config.alpha,
                                 align_weight=config.align_weight, virtual_weight=config.virtual_weight,
                                 temperature=config.temperature, virtual_classes=config.virtual_classes,
                                 per_class=config.per_class,
