@@ -1,5 +1,5 @@
 """FedAvg and its server-optimiser family (FedAvgM, FedAdam, FedYogi, FedAdagrad), and the reference runs:
-their configs, with their papers's defaults, registered by name.
+their configs, with their papers' defaults, registered by name.
 
 The method itself, with its equations and builder, is ``method.py``. This file imports no JAX, so a config
 validates in a fraction of a second; a name of ``method.py`` is also reached from here
@@ -31,14 +31,8 @@ def _family(name: str, rule: str, doc: str) -> type[AlgorithmFields]:
 
 
 FedAvgMConfig = _family("fedavgm", "momentum", "FedAvgM: server momentum (Hsu et al. 2019).")
-
-
 FedAdamConfig = _family("fedadam", "adam", "FedAdam (Reddi et al. 2021, Algorithm 2).")
-
-
 FedYogiConfig = _family("fedyogi", "yogi", "FedYogi (Reddi et al. 2021, Algorithm 2).")
-
-
 FedAdagradConfig = _family("fedadagrad", "adagrad", "FedAdagrad (Reddi et al. 2021, Algorithm 2).")
 
 
