@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 # The tests compile many tiny programs and run each for a few steps, so compiling is most of their time. With
 # XLA's backend optimisation off (LLVM -O0; the programs compute the same functions), tests/test_fedcog.py
 # took 126 s instead of 232 s on one core. Set before JAX makes its backend; other runs keep the default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+# Many tests build the same program more than once (a run, its resume and the uninterrupted run it must
+# equal; a sweep and its separate runs): a compilation cache for the session compiles each program once. Each
+# xdist worker has its own (JAX's cache is not safe to read while another process writes it), which the
+# subprocesses it starts share. Fresh directories each session, removed at its end, so that the suite's time
+# is a fresh machine's.
+_CACHE_MADE_HERE = "FEDJAX_LAB_TEST_XLA_CACHE" not in os.environ
+if _CACHE_MADE_HERE:  # the controller (or a run without xdist)
+    os.environ["FEDJAX_LAB_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="fedjax_lab_tests_xla_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["FEDJAX_LAB_TEST_XLA_CACHE"],
+                                                       os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax
 import jax.numpy as jnp
@@ -90,3 +105,9 @@ def _image_folder(root, seed: int):
                 image[..., k] += 150
                 Image.fromarray(image).save(root / split / name / f"{i}.png")
     return root
+
+
+def pytest_unconfigure(config):
+    """Removes the session's compilation cache (in the process that made it, after its workers finished)."""
+    if _CACHE_MADE_HERE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["FEDJAX_LAB_TEST_XLA_CACHE"], ignore_errors=True)

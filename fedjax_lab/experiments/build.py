@@ -187,7 +187,7 @@ def build_experiment(config: Config) -> Experiment:
     )
     evaluators = build_evaluators(config, classifier, dataset, algorithm_at, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
-    messages = message_shapes(algorithm, jax.eval_shape(classifier.init, jax.random.key(0)), inputs)
+    messages = message_shapes(algorithm, classifier.variable_shapes, inputs)
     if plan.asynchronous:
         try:
             check_store_memory(messages, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)

@@ -102,7 +102,7 @@ def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classi
             objective="squared_hinge" if config.model.name == "linear_svm" else "cross_entropy",
             l2=config.model.l2, augment=build_augment(config, dataset))
     try:
-        jax.eval_shape(classifier.init, jax.random.key(0))
+        _ = classifier.variable_shapes  # traced here, so that a misfit is reported before compiling
     except Exception as exc:  # noqa: BLE001 - any failure of shape inference means the model does not fit
         raise ConfigError(f"model.name: {config.model.name} does not fit inputs of shape "
                           f"{dataset.input_shape} from dataset.name={config.dataset.name}: "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,7 +47,7 @@ def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: 
                                               "batch_size": config.eval.dissimilarity_examples})
     probe = config.model_copy(update={"client": client})
     split = measured_split(config, classifier.module)
-    variables = jax.eval_shape(classifier.init, jax.random.key(0))
+    variables = classifier.variable_shapes
     mask = lower_mask(classifier.module, split_variables(variables)[0], classifier.model_input_shape(), split)
     ids = np.arange(min(config.eval.dissimilarity, dataset.num_clients))
     fixed = {"client.learning_rate": 1.0, "client.momentum": 0.0, "client.weight_decay": 0.0}
@@ -98,7 +97,7 @@ def build_evaluators(config: Config, classifier: models.Classifier, dataset: Fed
         rows = [dataset.client_train_ids[k, :dataset.client_train_counts[k]] for k in ids]
         mask = None
         if getattr(classifier.module, "stages", ()):  # the distance of the lower and upper parts too
-            variables = jax.eval_shape(classifier.init, jax.random.key(0))
+            variables = classifier.variable_shapes
             mask = lower_mask(classifier.module, split_variables(variables)[0],
                               classifier.model_input_shape(), measured_split(config, classifier.module))
         local = LocalEvaluator(algorithm_at, classifier.example_metrics, dataset.test, dataset.num_classes,

@@ -33,7 +33,7 @@ def memory_budget(config: Config) -> int:
 def estimate_memory(experiment: Experiment) -> memory.StaticEstimate:
     """The per-device :class:`~fedjax_lab.engine.memory.StaticEstimate` of a round, from shapes only."""
     plan = experiment.plan
-    params = jax.eval_shape(experiment.classifier.init, jax.random.key(0))
+    params = experiment.classifier.variable_shapes
     state = jax.eval_shape(experiment.initial_state)
     share = plan.cohort_size // plan.num_devices
     in_flight = plan.chunk_size or share

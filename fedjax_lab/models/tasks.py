@@ -8,6 +8,7 @@ SVM, and next-token prediction (labels ``[B, T]``, where tokens equal to ``pad_l
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -106,6 +107,13 @@ class Classifier:
     augment: Augment | None = None
     pad_label: int | None = None
     input_dtype: str = "float32"
+
+    @functools.cached_property
+    def variable_shapes(self) -> Params:
+        """The shapes and dtypes of :meth:`init`'s variables (``jax.ShapeDtypeStruct`` s), traced once: the
+        builder, the memory estimates and several methods read them, and a ResNet's trace takes a fraction of
+        a second each time."""
+        return jax.eval_shape(self.init, jax.random.key(0))
 
     def init(self, key: jax.Array) -> Params:
         """Initial variables of the module (``{'params': ...}`` plus ``'batch_stats'`` for BatchNorm

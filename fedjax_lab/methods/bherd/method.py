@@ -184,7 +184,7 @@ def check_memory(num_params: int, max_steps: int, clients_at_once: int, cohort: 
 
 def build(config, context) -> tuple[Component, ...]:
     """The components of ``algorithm.name: bherd`` (or of a ``bherd`` plug-in)."""
-    num_params = context.classifier.num_params(jax.eval_shape(context.classifier.init, jax.random.key(0)))
+    num_params = context.classifier.num_params(context.classifier.variable_shapes)
     max_steps = context.schedule.max_steps(int(np.asarray(context.dataset.client_train_ids).shape[1]))
     cohort = context.config.rounds.clients_per_round
     try:

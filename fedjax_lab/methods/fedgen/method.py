@@ -83,7 +83,7 @@ class FedGenState(NamedTuple):
 def feature_shape(classifier) -> tuple[int, ...]:
     """The shape of one example's features, the input of the model's ``head`` (``G``'s output)."""
     x = jnp.zeros((1, *classifier.input_shape), classifier.input_dtype)
-    variables = jax.eval_shape(classifier.init, jax.random.key(0))
+    variables = classifier.variable_shapes
     features = jax.eval_shape(
         lambda v, x: classifier.module.apply(v, classifier.preprocess(x), method="features"), variables, x)
     return tuple(features.shape[1:])

@@ -132,7 +132,7 @@ def default_split(module) -> str:
 
 def feature_shape(classifier: Classifier, split: str) -> tuple[int, ...]:
     """The shape of one example's activation after stage ``split``."""
-    variables = jax.eval_shape(classifier.init, jax.random.key(0))
+    variables = classifier.variable_shapes
     x = jax.ShapeDtypeStruct((1, *classifier.model_input_shape()), jnp.float32)
     return tuple(jax.eval_shape(lambda v, x: classifier.module.apply(v, x, split, method="lower"), variables,
                                 x).shape[1:])
