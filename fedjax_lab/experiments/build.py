@@ -36,7 +36,7 @@ from fedjax_lab.engine.simulation import message_shapes
 from fedjax_lab.experiments import hyperparams
 from fedjax_lab.experiments.algorithms import is_reference, make_algorithm_at
 from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier
-from fedjax_lab.experiments.config import Config, ConfigError, distributed_settings
+from fedjax_lab.experiments.config import Config, ConfigError, cohort_layout_problems, distributed_settings
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.experiments.evaluators import build_evaluators
 from fedjax_lab.experiments.memory_fit import check_memory, fit_chunk_to_budget
@@ -67,8 +67,9 @@ def build_mesh(config: Config, cohort_size: int) -> Mesh | None:
     num = len(jax.devices()) if devices == "all" else devices
     if num == 1:
         return None
-    if cohort_size % num:
-        raise ConfigError(f"parallel.devices={num} must divide rounds.clients_per_round={cohort_size}")
+    problems = cohort_layout_problems(cohort_size, num, config.rounds.chunk_size)
+    if problems:
+        raise ConfigError(f"{problems[0]} (parallel.devices={devices})")
     try:
         return client_mesh(num)
     except ValueError as exc:

@@ -237,6 +237,22 @@ AlgorithmConfig = registry.algorithm_union()
 (``fedjax_lab/methods/registry.py``)."""
 
 
+def cohort_layout_problems(clients_per_round: int, devices: int, chunk_size: int | None) -> list[str]:
+    """What is wrong with training a cohort of ``clients_per_round`` over ``devices`` devices, ``chunk_size``
+    clients at once on each (the rule of the engine's ``CohortPlan``, in the config's names): empty if
+    nothing. The config checks it for a number of devices, the builder for ``parallel.devices: all``."""
+    cohort = f"rounds.clients_per_round={clients_per_round}"
+    if clients_per_round % devices:
+        return [f"parallel.devices must divide {cohort}, got {devices}"]
+    share = clients_per_round // devices
+    if chunk_size is None or share % chunk_size == 0:
+        return []
+    if devices == 1:
+        return [f"rounds.chunk_size must divide {cohort}, got {chunk_size}"]
+    return [(f"rounds.chunk_size must divide each device's share of the cohort ({share} clients over "
+             f"{devices} devices), got {chunk_size}")]
+
+
 class RoundsConfig(Section):
     """The rounds of a run and each round's cohort."""
 
@@ -251,9 +267,9 @@ class RoundsConfig(Section):
 
     @model_validator(mode="after")
     def _chunk_divides(self):
-        if self.chunk_size is not None and self.clients_per_round % self.chunk_size:
-            raise ValueError("rounds.chunk_size must divide "
-                             f"rounds.clients_per_round={self.clients_per_round}, got {self.chunk_size}")
+        problems = cohort_layout_problems(self.clients_per_round, devices=1, chunk_size=self.chunk_size)
+        if problems:
+            raise ValueError(problems[0])
         return self
 
 
@@ -452,14 +468,8 @@ class Config(Section):
             return [(f"rounds.clients_per_round must be <= dataset.num_clients={population}, "
                     f"got {self.rounds.clients_per_round}")]
         devices = self.parallel.devices
-        if isinstance(devices, int) and devices > 1:
-            if self.rounds.clients_per_round % devices:
-                return [("parallel.devices must divide "
-                        f"rounds.clients_per_round={self.rounds.clients_per_round}, got {devices}")]
-            share = self.rounds.clients_per_round // devices
-            if self.rounds.chunk_size is not None and share % self.rounds.chunk_size:
-                return [(f"rounds.chunk_size must divide each device's share of the cohort ({share} clients "
-                        f"over {devices} devices), got {self.rounds.chunk_size}")]
+        if isinstance(devices, int) and devices > 1:  # "all" is checked by the builder, which counts them
+            return cohort_layout_problems(self.rounds.clients_per_round, devices, self.rounds.chunk_size)
         return []
 
     def _arrival_problems(self) -> list[str]:
