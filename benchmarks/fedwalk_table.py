@@ -297,7 +297,7 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
         claims = table2_claims(results, seeds, table)
         if any(c.method for c in claims):
             lines += [f"## {title}", "", *claims_table(claims), ""]
-    table = "cifar10_300" if any(k.startswith("table300/") for k in results) else "cifar10"
+    table = "cifar10_300" if has_table300(results, seeds) else "cifar10"
     if plot_decisive_curves(results, seeds, table, out.with_name("fedwalk_curves.png")):
         lines += ["## The decisive curves", "", "![X and X + FedWalk](fedwalk_curves.png)", "",
                   (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, "
@@ -320,14 +320,20 @@ def plot_decisive_curves(results: dict, seeds, table: str, out: Path) -> bool:
                        for setting, column in zip(settings, columns) for base in BASES], out)
 
 
+def has_table300(results: dict, seeds) -> bool:
+    """Whether the 300-round table is complete (every base, alone and + FedWalk, both columns, every seed):
+    only then does it replace the 50-round one as the decisive table and curves."""
+    return all(name in results for name, _, _ in table300_jobs(seeds, BASES))
+
+
 def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
-    """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds where those
-    runs have records, else at 50. ``results`` as ``finished`` gives them (default: from the committed
-    records)."""
+    """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds once that
+    table is complete (:func:`has_table300`), else at 50. ``results`` as ``finished`` gives them (default:
+    from the committed records)."""
     if results is None:
         results = finished(REPO / "runs" / "fedwalk",
                            list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES)))
-    long = any(k.startswith("table300/") for k in results)
+    long = has_table300(results, seeds)
     rounds = PAPER_ROUNDS if long else 50
     return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
                     "100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, "
