@@ -1,7 +1,7 @@
 """Compact run records: one file per family of runs (``benchmarks/results/records/<family>.jsonl.gz``), one
 JSON line per finished run, which is what the reproduction reports (``benchmarks/*_table.py``) read.
 
-The file's first line is its header: ``{"records": "fedjax_lab runs", "version": 1, "base_config": {...}}``,
+The file's first line is its header: ``{"records": "fedjax_lab runs", "version": 2, "base_config": {...}}``,
 the resolved config most of its runs share. Every other line is one run, sorted by name::
 
     {"name": "cifar10/niid1/fedavg/seed0",         # the run's folder under runs/<family>/
@@ -10,6 +10,7 @@ the resolved config most of its runs share. Every other line is one run, sorted 
      "config_unset": ["asynchrony.sigma"],         # (only when some) dotted keys of the base the run lacks
      "summary": {...},                             # summary.json: final, best_test_accuracy, best_round, ...
      "rows": [{"round": 0, "test_accuracy": 0.1, ...}, ...],
+     "float64": [["summary", "lr"]],               # (only when some) see below
      "arrays": {"staleness_counts": {"dtype": "int32", "shape": [1, 81],
                                      "base64": "..."}},   # (only when kept)
      "sizes": [120, 98, ...]}                      # (only when kept) each client's number of rows
@@ -22,6 +23,15 @@ array blocks) stays in the git-ignored ``runs/``.
 
 Old records without a commit say ``"commit": "unknown"``; ``backend`` and ``devices`` come from
 ``summary.json`` (``"unknown"`` where it lacks them).
+
+Floats of ``summary`` and ``rows`` (version 2): one that is a float32 value (the metrics are; in float64,
+``0.10000000149011612``) is written as the shortest decimal that reads back to that float32 (``0.1``, half as
+long); any other (a float64 value: a timing, a NumPy mean) is written exactly (``short_floats``). Reading
+turns each float that is a float32's shortest decimal back into that float32's value (``float32_values``),
+except the float64 values that happen to be one (``0.1`` computed in float64), whose paths ``float64`` lists:
+a record reads back exactly as it was written, so the reports, which round at ties such as 78.25 %, print the
+same. A reader of the plain JSON gets, for a metric, the float64 nearest its decimal: the same float32 once
+cast. Version 1 files (every float written exactly) are read as they are.
 """
 
 from __future__ import annotations
@@ -45,9 +55,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-HEADER = {"records": "fedjax_lab runs", "version": 1}
+HEADER = {"records": "fedjax_lab runs", "version": 2}
 REPO = Path(__file__).resolve().parents[1]
 UNKNOWN = "unknown"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,11 @@ class Record:
                 "devices": self.devices, "config": changed}
         if unset:
             line["config_unset"] = unset
-        line |= {"summary": self.summary, "rows": self.rows}
+        float64: list[list[str | int]] = []
+        line |= {"summary": short_floats(self.summary, ("summary",), float64),
+                 "rows": short_floats(self.rows, ("rows",), float64)}
+        if float64:
+            line["float64"] = float64
         if self.encoded_arrays:
             line["arrays"] = self.encoded_arrays
         if self.sizes is not None:
@@ -166,13 +181,67 @@ class Record:
         return line
 
     @classmethod
-    def from_line(cls, line: dict[str, Any], base: dict[str, Any]) -> Record:
+    def from_line(cls, line: dict[str, Any], base: dict[str, Any],
+                  version: int = HEADER["version"]) -> Record:
+        summary, rows = line["summary"], line["rows"]
+        if version >= 2:  # float32 values written short
+            float64 = {tuple(p) for p in line.get("float64", ())}
+            summary = float32_values(summary, ("summary",), float64)
+            rows = float32_values(rows, ("rows",), float64)
         return cls(name=line["name"], config=apply_difference(base, line["config"],
                                                               line.get("config_unset", ())),
-                   summary=line["summary"], rows=line["rows"], seed=line.get("seed"),
+                   summary=summary, rows=rows, seed=line.get("seed"),
                    commit=line.get("commit", UNKNOWN), backend=line.get("backend", UNKNOWN),
                    devices=line.get("devices", UNKNOWN), encoded_arrays=line.get("arrays", {}),
                    sizes=line.get("sizes"))
+
+
+# ------------------------------------------------------------------------------------------------ floats
+def shortest(single: np.float32) -> float:
+    """The float64 of the shortest decimal that reads back to the float32 ``single`` (``np.float32(0.1)``:
+    ``0.1``)."""
+    return float(np.format_float_positional(single, unique=True))
+
+
+def short_floats(value: Any, path: tuple = (), float64: list | None = None) -> Any:
+    """``value`` (JSON: dicts, lists, scalars) as written: each float that is exactly a float32 value (the
+    metrics are, ``0.10000000149011612`` in float64) replaced by ``shortest``'s decimal of it (``0.1``, half
+    as long); every other float kept exactly (a float64 value: a timing, a NumPy float64 mean; nan, inf), so
+    that the rule is idempotent; ints, bools, strings and None kept. A float64 value that is itself the
+    shortest decimal of a float32 (``0.1``: it would read back as ``np.float32(0.1)``) has its path (``path``
+    and the keys and indices under it) added to ``float64`` when given, for ``float32_values`` to keep."""
+    if isinstance(value, float):
+        if not abs(value) <= FLOAT32_MAX:  # nan, inf, or beyond float32's range
+            return value
+        single = np.float32(value)
+        short = shortest(single)
+        if float(single) == value:
+            return short if np.float32(short) == single else value
+        if short == value and float64 is not None:
+            float64.append(list(path))
+        return value
+    if isinstance(value, dict):
+        return {k: short_floats(v, (*path, k), float64) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [short_floats(v, (*path, k), float64) for k, v in enumerate(value)]
+    return value
+
+
+def float32_values(value: Any, path: tuple = (), float64: frozenset | set = frozenset()) -> Any:
+    """The inverse of ``short_floats`` on reading: each float that is the shortest decimal of a float32
+    and not that float32 itself (``0.1``) becomes the float32 value (``0.10000000149011612``), except at the
+    paths in ``float64``; so a record reads back exactly as it was written."""
+    if isinstance(value, float):
+        if not abs(value) <= FLOAT32_MAX or path in float64:
+            return value
+        single = np.float32(value)
+        exact = float(single)
+        return exact if exact != value and shortest(single) == value else value
+    if isinstance(value, dict):
+        return {k: float32_values(v, (*path, k), float64) for k, v in value.items()}
+    if isinstance(value, list):
+        return [float32_values(v, (*path, k), float64) for k, v in enumerate(value)]
+    return value
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -283,7 +352,8 @@ def _read(path: Path, stamp: tuple[int, ...] | None) -> tuple[dict[str, Any], di
     if not lines or lines[0].get("records") != HEADER["records"]:
         raise ValueError(f"{path} is not a file of run records (no header line)")
     base = lines[0].get("base_config", {})
-    return base, {line["name"]: Record.from_line(line, base) for line in lines[1:]}
+    version = lines[0].get("version", 1)
+    return base, {line["name"]: Record.from_line(line, base, version) for line in lines[1:]}
 
 
 def read(path: Path) -> dict[str, Record]:

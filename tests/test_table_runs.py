@@ -98,6 +98,40 @@ def test_configs_are_kept_as_differences_from_the_files_base_and_read_back_exact
     assert (tmp_path / "again.jsonl.gz").read_bytes() == path.read_bytes()
 
 
+def test_float32_metrics_are_written_short_and_float64_values_exactly_and_read_back_as_they_were(tmp_path):
+    single = float(np.float32(0.1))  # a metric: a float32 value, 0.10000000149011612 as a float64
+    double = float(np.mean([0.1, 0.2, 0.4]))  # a float64 value that is no float32
+    assert float(np.float32(double)) != double
+    summary = {"best_test_accuracy": single, "mean": double, "lr": 0.1, "best_round": 3, "none": None,
+               "nan": float("nan"), "whole": 2.0, "tiny": float(np.float32(1e-40)), "huge": 1e300,
+               "inf": float("inf")}
+    rows = [{"round": 3, "test_accuracy": single, "test_loss": double, "diverged": False, "tag": "x",
+             "nested": {"values": [single, double, 0.1, -0.0]}}]
+    path = tmp_path / "family.jsonl.gz"
+    record_files.write(path, {"a": Record(name="a", config={"lr": single}, summary=summary, rows=rows)})
+    header, line = [json.loads(x) for x in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    assert header["version"] == 2 and line["config"] == {}  # the config is not rounded: the base holds it
+    assert header["base_config"] == {"lr": single}
+    # float32 values short, float64 values exactly
+    assert line["summary"]["best_test_accuracy"] == 0.1 and line["rows"][0]["test_accuracy"] == 0.1
+    assert line["summary"]["tiny"] == 1e-40 and line["summary"]["whole"] == 2.0
+    assert line["summary"]["mean"] == double and line["rows"][0]["test_loss"] == double
+    # float64 values that are a float32's shortest decimal: listed, to be read as they are
+    assert line["float64"] == [["summary", "lr"], ["rows", 0, "nested", "values", 2]]
+    back = record_files.read(path)["a"]
+    assert json.dumps(back.summary) == json.dumps(summary) and json.dumps(back.rows) == json.dumps(rows)
+    assert back.summary["best_test_accuracy"] == single and back.summary["lr"] == 0.1
+    assert type(back.summary["best_round"]) is int and back.rows[0]["diverged"] is False
+    # read back and written again: the same bytes
+    record_files.write(tmp_path / "again.jsonl.gz", record_files.read(path))
+    assert (tmp_path / "again.jsonl.gz").read_bytes() == path.read_bytes()
+    # a version 1 file (every float written exactly) reads as it is
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps({"records": "fedjax_lab runs", "version": 1, "base_config": {}}) + "\n"
+                   + json.dumps({"name": "a", "config": {}, "summary": {"lr": 0.1}, "rows": []}) + "\n")
+    assert record_files.read(old)["a"].summary == {"lr": 0.1}
+
+
 def test_arrays_are_kept_exactly():
     arrays = {"selected": np.random.default_rng(0).random((3, 5, 7)) < 0.3,
               "ids": np.arange(15, dtype=np.int32).reshape(3, 5),
@@ -144,7 +178,7 @@ def test_a_record_written_out_reads_as_a_run_directory_for_the_plots(tmp_path, r
 def test_old_record_folders_convert_and_merge(tmp_path, records):
     old = tmp_path / "old" / "fedimpro"
     fake_run(old / "a/fedavg/seed0", 0.8)
-    fake_run(old / "a/fedavg/seed1", 0.7)
+    fake_run(old / "a/fedavg/seed1", float(np.float32(0.7)))  # a float32 metric, written short
     (old / "a/fedavg/seed0/client_sizes.json").write_text("[3, 5]\n")
     out = records / "fedimpro.jsonl.gz"
     assert compact_records.compact(old, out, Keep()) == 2  # also checks each record against its folder
