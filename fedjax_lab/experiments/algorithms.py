@@ -59,7 +59,7 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
                     clients_at_once: int | None = None) -> Algorithm:
     """The algorithm of ``config.algorithm``: the FedAvg round with the components of the base method and of
     the component plug-ins, in the order listed, then wrapped by the wrapper plug-ins, in the order listed
-    (``fedjax_lab/methods/registry.py``).
+    (each method's package under ``fedjax_lab/methods/``, found by its registry).
 
     ``config`` may hold arrays for its data fields (``hyperparams.with_values``); ``structure`` is the config
     that decides structure (default ``config``), and ``key`` the run's root key (default from
@@ -68,8 +68,10 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
     """
     structure = structure or config
     key = randomness.base_key(structure.seed) if key is None else key
-    context = registry.BuildContext(structure, classifier, dataset, build_client_optimizer(config, structure),
-                                    build_schedule(structure, dataset), key, config, clients_at_once)
+    context = registry.BuildContext(config=structure, classifier=classifier, dataset=dataset,
+                                    client_optimizer=build_client_optimizer(config, structure),
+                                    schedule=build_schedule(structure, dataset), key=key, values=config,
+                                    clients_at_once=clients_at_once)
     a = config.algorithm
     entries = [(registry.REGISTRY[m.name], m) for m in (a, *a.plugins)]
     components = [c for spec, m in entries if not spec.wrapper for c in spec.load_builder()(m, context)]
@@ -90,6 +92,5 @@ def make_algorithm_at(config: Config, classifier: models.Classifier, dataset: Fe
         values = hyperparams.values_at(config, inputs.hparams, round_index)
         return build_algorithm(hyperparams.with_values(config, values), classifier, dataset, inputs.key,
                                config, clients_at_once)
-
 
     return algorithm_at
