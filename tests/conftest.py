@@ -14,9 +14,9 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 # Many tests build the same program more than once (a run, its resume and the uninterrupted run it must
 # equal; a sweep and its separate runs): a compilation cache for the session compiles each program once. Each
-# xdist worker has its own (JAX's cache is not safe to read while another process writes it), which the
-# subprocesses it starts share. Fresh directories each session, removed at its end, so that the suite's time
-# is a fresh machine's.
+# xdist worker has its own, which the subprocesses it starts share, so that no worker reads an entry another
+# is still writing. Fresh directories each session, removed at its end, so that the suite's time is a fresh
+# machine's.
 _CACHE_MADE_HERE = "FEDJAX_LAB_TEST_XLA_CACHE" not in os.environ
 if _CACHE_MADE_HERE:  # the controller (or a run without xdist)
     os.environ["FEDJAX_LAB_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="fedjax_lab_tests_xla_cache_")
