@@ -58,7 +58,7 @@ def build_dissimilarity(config: Config, classifier: models.Classifier, dataset: 
         values.update({k: v for k, v in fixed.items() if k in values})
         values.update({k: jnp.asarray(v, jnp.float32) for k, v in (changes or {}).items()})
         return build_algorithm(hyperparams.with_values(probe, values), classifier, dataset, inputs.key, probe,
-                               chunk_size)
+                               chunk_size or len(ids))
 
     counterfactual = config.eval.dissimilarity_counterfactual
     return DissimilarityEvaluator(probe_at, mask, ids, chunk_size,

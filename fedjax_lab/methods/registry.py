@@ -252,10 +252,11 @@ def lazy_method(package: str) -> Callable[[str], Any]:
     """A method package's module ``__getattr__`` (PEP 562): a name the package's ``__init__`` (its config)
     lacks is looked up in its ``method`` module, which is imported, and JAX with it, on first use. So
     ``from fedjax_lab.methods.fedcog import generate`` works, while importing the package for its config stays
-    light."""
+    light. Names starting with ``_`` are not forwarded. A test that patches a method's function patches it in
+    ``method`` (``fedjax_lab.methods.fedcog.method.generate``), where the method's code looks it up."""
 
     def __getattr__(name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("_"):  # private and dunder names: a probe (hasattr, copy, inspect) imports no JAX
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         method = importlib.import_module(f"{package}.method")
         return method if name == "method" else getattr(method, name)
