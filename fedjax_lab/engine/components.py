@@ -116,6 +116,9 @@ class Component(NamedTuple):
         in place of its model delta (BHerd's herded sum of steps), and this component's message part
         (``None``: none, or ``finish``'s); every ``finish`` still sees the real delta, and every server hook
         sees the sent one. At most one component may set it.
+      outgoing: ``(view, delta) -> (delta, message_part)``: a transformation of the delta as it leaves the
+        client, after ``send`` (DP-FedAvg's clipping to a norm; compression would go here), and this
+        component's message part (``None``: none, or ``finish``'s). Several chain in order.
       needs_unit_step: ``finish`` reads ``result.stats.unit_step``.
 
     Server side:
@@ -151,6 +154,7 @@ class Component(NamedTuple):
                                           Callable[[PyTree, StepRecord], PyTree]]] | None = None
     finish: Callable[[ClientView, LocalResult], tuple[PyTree | None, PyTree]] | None = None
     send: Callable[[ClientView, LocalResult], tuple[Params, PyTree | None]] | None = None
+    outgoing: Callable[[ClientView, Params], tuple[Params, PyTree | None]] | None = None
     needs_unit_step: bool = False
     server_init: Callable[[Params], PyTree] | None = None
     merge: Callable[[ServerView], tuple[Params, PyTree, Metrics]] | None = None

@@ -11,7 +11,7 @@ On each client (vmapped over the cohort):
      (before the client optimiser), ``update`` (after it), ``step_output`` and ``running`` hook inside each
      step;
   3. every ``finish`` on the real delta (its message part and the client's new state), then ``send`` (what
-     goes out as the delta, BHerd's herded sum).
+     goes out as the delta, BHerd's herded sum), then every ``outgoing`` on what is sent (DP clipping).
 On the server, once per round:
   4. ``reduce``: the weighted sums (the deltas' and every component's ``sums``), over a stack or streamed;
   5. ``merge`` (at most one component: the deltas into the delta to step on), else the weighted mean;
@@ -128,6 +128,11 @@ def component_round(
                     new_state[c.name] = state
             if c.send is not None:
                 message["delta"], part = c.send(view, result)
+                if part is not None:
+                    message[c.name] = part
+        for c, view in zip(components, views):
+            if c.outgoing is not None:
+                message["delta"], part = c.outgoing(view, message["delta"])
                 if part is not None:
                     message[c.name] = part
         return message, new_state, {"train_loss": stats.mean_loss, "local_steps": stats.num_steps}

@@ -26,10 +26,11 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from fedjax_lab.engine import randomness
+from fedjax_lab.engine.aggregation import masked_mean
 from fedjax_lab.engine.asynchrony import DelayModel, init_async_state, run_async_round, store_capacity
 from fedjax_lab.engine.cohort_loop import CLIENTS, map_cohort
-from fedjax_lab.engine.sampling import sample_cohort
-from fedjax_lab.engine.tree_math import tree_put, tree_stack_copies, tree_take
+from fedjax_lab.engine.sampling import sample_cohort, sample_poisson_cohort
+from fedjax_lab.engine.tree_math import tree_put, tree_select, tree_stack_copies, tree_take
 from fedjax_lab.engine.types import (
     Algorithm,
     Arrays,
@@ -69,7 +70,8 @@ class CohortPlan:
 
     Attributes:
       num_clients: population size N.
-      cohort_size: clients per round m.
+      cohort_size: clients per round m; with ``sampling_rate``, the cohort's slots (the most clients a round
+        trains).
       chunk_size: clients trained at once; the cohort is processed in ``m / chunk_size`` sequential chunks
         (bounded memory), each vmapped. ``None`` vmaps the whole cohort. Results do not depend on it.
       delay: the asynchronous round's :class:`~fedjax_lab.engine.asynchrony.DelayModel`; ``None`` (and no
@@ -84,6 +86,10 @@ class CohortPlan:
         algorithm's server update reads only their sums (``Algorithm.reduce``); ``'stacked'`` always keeps
         every message; ``'auto'`` streams whenever the cohort is chunked or sharded and the algorithm allows
         it.
+      sampling_rate: Poisson sampling: each client joins a round independently with this probability, the
+        cohort truncated to ``cohort_size`` slots (:func:`~fedjax_lab.engine.sampling.sample_poisson_cohort`;
+        the unfilled slots train but are masked out of the aggregate, the metrics and the client states).
+        ``None``: ``cohort_size`` clients drawn uniformly without replacement.
     """
 
     num_clients: int
@@ -94,6 +100,7 @@ class CohortPlan:
     max_in_flight: int | None = None
     mesh: Mesh | None = None
     aggregation: Literal["auto", "streaming", "stacked"] = "auto"
+    sampling_rate: float | None = None
 
     def __post_init__(self):
         if not 1 <= self.cohort_size <= self.num_clients:
@@ -114,6 +121,10 @@ class CohortPlan:
         if self.max_in_flight is not None and self.max_in_flight < self.cohort_size:
             raise ValueError(f"max_in_flight must be >= cohort_size={self.cohort_size}, got "
                              f"{self.max_in_flight}")
+        if self.sampling_rate is not None and not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
+        if self.sampling_rate is not None and self.asynchronous:
+            raise ValueError("Poisson sampling (sampling_rate) runs in the synchronous round only")
 
     @property
     def num_devices(self) -> int:
@@ -186,29 +197,39 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
         algorithm = algorithm(inputs, r)
     if plan.asynchronous:
         return run_async_round(algorithm, dataclasses.replace(plan, delay=plan.delay_model), state, inputs)
-    ids = sample_cohort(randomness.round_key(inputs.key, r, randomness.Purpose.COHORT),
-                        plan.num_clients, plan.cohort_size)
+    cohort_key = randomness.round_key(inputs.key, r, randomness.Purpose.COHORT)
+    if plan.sampling_rate is None:
+        ids, mask = sample_cohort(cohort_key, plan.num_clients, plan.cohort_size), None
+    else:
+        ids, mask = sample_poisson_cohort(cohort_key, plan.num_clients, plan.cohort_size, plan.sampling_rate)
     clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
                          jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)
+    masks = () if mask is None else (mask,)  # travels with each client, so that chunks see their own
 
-    def client_fn(client_state, client, key):
+    def client_fn(client_state, client, key, *_):
         return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
 
-    def reduce(messages, client_states, clients, keys):
-        return algorithm.reduce(messages, Cohort(clients.client_id, clients.num_examples))
+    def reduce(messages, client_states, clients, keys, *mask):
+        return algorithm.reduce(messages, Cohort(clients.client_id, clients.num_examples, *mask))
 
     streams = plan.streams(algorithm)
+    old_client_states = tree_take(state.client_states, ids)
     messages, new_client_states, client_metrics = map_cohort(
-        client_fn, plan.chunk_size, tree_take(state.client_states, ids), clients, keys,
+        client_fn, plan.chunk_size, old_client_states, clients, keys, *masks,
         reduce=reduce if streams else None, mesh=plan.mesh)
     if streams:
         messages = Reduced(messages)
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
                             inputs.server_arrays, plan.num_clients)
     server_state, server_metrics = algorithm.server_update(
-        state.server_state, messages, Cohort(ids, clients.num_examples), context)
-    metrics = {name: jnp.mean(value) for name, value in client_metrics.items()}
+        state.server_state, messages, Cohort(ids, clients.num_examples, mask), context)
+    if mask is None:
+        metrics = {name: jnp.mean(value) for name, value in client_metrics.items()}
+    else:  # the padding slots trained too, but did not take part
+        metrics = {name: masked_mean(value, mask) for name, value in client_metrics.items()}
+        metrics["cohort_size"] = jnp.sum(mask.astype(jnp.int32))
+        new_client_states = tree_select(mask, new_client_states, old_client_states)
     metrics.update(server_metrics)
     client_states = tree_put(state.client_states, ids, new_client_states)
     return state._replace(server_state=server_state, client_states=client_states, round=r + 1), metrics

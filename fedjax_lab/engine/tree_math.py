@@ -56,3 +56,9 @@ def tree_take(a: PyTree, ids: jax.Array) -> PyTree:
 def tree_put(a: PyTree, ids: jax.Array, rows: PyTree) -> PyTree:
     """``a`` with rows ``ids`` of the leading axis replaced by ``rows``."""
     return jax.tree.map(lambda x, r: x.at[ids].set(r), a, rows)
+
+
+def tree_select(mask: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
+    """Row ``k`` of every leaf from ``on_true`` where ``mask[k]``, else from ``on_false`` (leading axis)."""
+    return jax.tree.map(lambda t, f: jnp.where(mask.reshape(mask.shape + (1,) * (t.ndim - 1)), t, f),
+                        on_true, on_false)

@@ -12,7 +12,7 @@ from fedjax_lab.data import FederatedDataset
 from fedjax_lab.engine import Algorithm, AlgorithmAt, LocalSchedule, RoundInputs, randomness
 from fedjax_lab.engine.round import component_round
 from fedjax_lab.experiments import hyperparams
-from fedjax_lab.experiments.config import Config
+from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.methods import registry, server_optimizers
 
 
@@ -75,12 +75,40 @@ def build_algorithm(config: Config, classifier: models.Classifier, dataset: Fede
     a = config.algorithm
     entries = [(registry.REGISTRY[m.name], m) for m in (a, *a.plugins)]
     components = [c for spec, m in entries if not spec.wrapper for c in spec.load_builder()(m, context)]
+    if structure.privacy is not None:
+        components = [privacy_component(config, structure, components, entries), *components]
     algorithm = component_round(classifier, context.client_optimizer, build_server_optimizer(config),
                                 context.schedule, *components, weighting=a.weighting)
     for spec, m in entries:
         if spec.wrapper:
             algorithm = spec.load_builder()(m, context)(algorithm)
     return algorithm
+
+
+def privacy_component(config: Config, structure: Config, components: list, entries: list):
+    """DP-FedAvg's component for ``config.privacy`` (values possibly arrays; ``structure`` decides whether
+    the clipping adapts), first in the round so that its noisy average is what the server steps on.
+
+    Raises:
+      ConfigError: the method's server reads more of the clients than their clipped updates.
+    """
+    from fedjax_lab.privacy import mechanism
+
+    wrappers = [m.name for spec, m in entries if spec.wrapper]
+    try:
+        if wrappers:
+            raise ValueError(f"the plug-in {wrappers[0]} changes the server's round as a whole, which the "
+                             "noise does not cover")
+        mechanism.check_composes(components)
+    except ValueError as exc:
+        raise ConfigError(f"privacy: {exc}") from None
+    p, expected = config.privacy, float(structure.rounds.clients_per_round)
+    adaptive = structure.privacy.adaptive
+    return mechanism.dp_aggregation(
+        clip_norm=p.clip_norm, noise_multiplier=p.noise_multiplier, expected_clients=expected,
+        estimator=structure.privacy.estimator, target_quantile=p.adaptive_quantile if adaptive else None,
+        clip_learning_rate=p.clip_learning_rate,
+        count_noise=(p.count_noise if structure.privacy.count_noise is not None else expected / 20.0))
 
 
 def make_algorithm_at(config: Config, classifier: models.Classifier, dataset: FederatedDataset,

@@ -33,7 +33,7 @@ from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes
-from fedjax_lab.experiments import hyperparams
+from fedjax_lab.experiments import hyperparams, privacy
 from fedjax_lab.experiments.algorithms import is_reference, make_algorithm_at
 from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier
 from fedjax_lab.experiments.config import Config, ConfigError, cohort_layout_problems, distributed_settings
@@ -102,6 +102,7 @@ class Experiment:
     local_evaluator: LocalEvaluator | None = None
     dissimilarity_evaluator: DissimilarityEvaluator | None = None
     messages: Any = None  # one client's message shapes, traced once at build (they size the memory estimates)
+    epsilons: dict[int, float] = dataclasses.field(default_factory=dict)  # ε after the rounds that report it
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -167,7 +168,12 @@ def build_experiment(config: Config) -> Experiment:
         raise ConfigError(f"rounds.clients_per_round must be <= the number of clients "
                           f"({dataset.num_clients}), got {config.rounds.clients_per_round}")
     classifier = build_classifier(config, dataset)
-    cohort = 1 if is_reference(config) else config.rounds.clients_per_round
+    cohort, sampling_rate = 1 if is_reference(config) else config.rounds.clients_per_round, None
+    if config.privacy is not None:
+        config = privacy.resolve(config, dataset.num_clients)
+        mechanism = privacy.mechanism_of(config, dataset.num_clients)
+        if mechanism.sampling == "poisson":
+            cohort, sampling_rate = mechanism.slots, mechanism.sampling_rate
     mesh = build_mesh(config, cohort)
     share = cohort // (1 if mesh is None else mesh.size)
     chunk_size = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(),
@@ -177,7 +183,7 @@ def build_experiment(config: Config) -> Experiment:
     plan = CohortPlan(dataset.num_clients, cohort, 1 if cohort == 1 else chunk_size, build_delay(config),
                       config.algorithm.buffer_size,
                       config.asynchrony.max_in_flight if config.asynchrony is not None else None,
-                      mesh, config.parallel.aggregation)
+                      mesh, config.parallel.aggregation, sampling_rate)
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),
         train_arrays=jax.device_put(dataset.train),
@@ -196,7 +202,8 @@ def build_experiment(config: Config) -> Experiment:
             raise ConfigError(str(exc)) from None
     experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluators.test,
                             make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, evaluators.train,
-                            evaluators.local, evaluators.dissimilarity, messages)
+                            evaluators.local, evaluators.dissimilarity, messages,
+                            privacy.epsilons(config, dataset.num_clients))
     if config.rounds.chunk_size is None and cohort > 1:
         experiment = fit_chunk_to_budget(experiment)
     check_memory(experiment)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validat
 
 from fedjax_lab.methods import registry
 from fedjax_lab.methods.registry import ConfigError
+from fedjax_lab.privacy import PrivacyConfig
 
 
 class Section(registry.Fields):
@@ -452,12 +453,15 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     parallel: ParallelConfig = ParallelConfig()
+    privacy: PrivacyConfig | None = Field(None, description="user-level differential privacy (DP-FedAvg, "
+                                                            "docs/privacy.md); unset: none")
 
     @model_validator(mode="after")
     def _consistent(self):
         """Every check across sections, each problem reported (one message, a line each): the checks are
         independent of one another."""
-        problems = [*self._cohort_problems(), *self._arrival_problems(), *self._method_problems()]
+        problems = [*self._cohort_problems(), *self._arrival_problems(), *self._method_problems(),
+                    *self._privacy_problems()]
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -509,6 +513,35 @@ class Config(Section):
                     and getattr(self.dataset, "server_data", None) is None):
                 problems.append(f"algorithm: {name} needs data held by the server: set dataset.server_data "
                                 "(an image dataset's data held by the server)")
+        return problems
+
+
+    def _privacy_problems(self) -> list[str]:
+        p, problems = self.privacy, []
+        if p is None:
+            return []
+        population, expected = self.dataset.num_clients, self.rounds.clients_per_round
+        if registry.REGISTRY[self.algorithm.name].reference:
+            problems.append(f"privacy: the reference run {self.algorithm.name!r} has no clients to protect")
+        if self.asynchrony is not None or self.algorithm.buffer_size is not None:
+            problems.append("privacy: DP-FedAvg runs in the synchronous round; remove asynchrony and "
+                            "algorithm.buffer_size")
+        if self.algorithm.weighting != "uniform":
+            problems.append(f"algorithm.weighting: privacy bounds each client's influence with uniform "
+                            f"weights; set algorithm.weighting: uniform (got {self.algorithm.weighting!r})")
+        if p.max_clients is not None and not expected <= p.max_clients <= population:
+            problems.append(f"privacy.max_clients must be in [rounds.clients_per_round={expected}, "
+                            f"dataset.num_clients={population}], got {p.max_clients}")
+        if p.accountant == "rdp" and p.sampling == "poisson" and (p.max_clients or population) < population:
+            problems.append(f"privacy.max_clients: the rdp accountant counts untruncated Poisson sampling, "
+                            f"so the cohort needs a slot for every client ({population}); use accountant: "
+                            f"pld, which counts the truncation, or leave max_clients unset")
+        count_noise = p.count_noise or expected / 20
+        if p.adaptive and p.noise_multiplier is not None and 0 < p.noise_multiplier and \
+                2 * count_noise <= p.noise_multiplier:
+            problems.append(f"privacy.count_noise: adaptive clipping splits the noise multiplier z between "
+                            f"the update and the count, which needs 2 sigma_b > z={p.noise_multiplier}; got "
+                            f"sigma_b={count_noise:g}")
         return problems
 
 

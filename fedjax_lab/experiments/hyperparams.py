@@ -1,7 +1,8 @@
 """Hyper-parameters as data: the config's floats enter the compiled program as arrays, not as constants.
 
-Every float field of ``client`` and ``algorithm`` (plug-ins included) is a *data field*: the learning rates,
-the server optimiser's coefficients, ``mu``, ``alpha``, ``rho``, FedWalk's ``tau`` and the like. A run carries
+Every float field of ``client``, ``algorithm`` (plug-ins included) and ``privacy`` is a *data field*: the
+learning rates, the server optimiser's coefficients, ``mu``, ``alpha``, ``rho``, FedWalk's ``tau``, the noise
+multiplier and the like. A run carries
 their values as a flat dict ``{dotted.path: float32 array}`` (:func:`hyperparams`) in its ``RoundInputs``;
 inside the compiled round the algorithm is built from the config with those values substituted
 (:func:`with_values`), after the learning-rate schedules have been applied for the round (:func:`values_at`).
@@ -23,7 +24,7 @@ from pydantic import BaseModel
 from fedjax_lab.experiments.config import Config
 from fedjax_lab.methods.registry import ScheduleConfig
 
-DATA_SECTIONS = ("client", "algorithm")
+DATA_SECTIONS = ("client", "algorithm", "privacy")
 
 
 def _float_fields(model: BaseModel, prefix: str) -> dict[str, float]:
@@ -36,7 +37,8 @@ def hyperparams(config: Config) -> dict[str, float]:
     ``algorithm.plugins.NAME.field``)."""
     values: dict[str, float] = {}
     for section in DATA_SECTIONS:
-        values.update(_float_fields(getattr(config, section), section))
+        if getattr(config, section) is not None:
+            values.update(_float_fields(getattr(config, section), section))
     for plugin in config.algorithm.plugins:
         values.update(_float_fields(plugin, f"algorithm.plugins.{plugin.name}"))
     return values

@@ -17,6 +17,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine.sharding import to_host
 from fedjax_lab.experiments.build import Experiment, build_experiment, join_processes
 from fedjax_lab.experiments.config import Config, ConfigError, check_resumable, to_yaml
+from fedjax_lab.experiments.privacy import privacy_summary
 from fedjax_lab.experiments.plots import describe_run, plot_runs, plot_staleness, run_config
 from fedjax_lab.experiments.run_directory import (
     RunDirectory,
@@ -106,10 +107,16 @@ def divergence(rows: list[dict[str, Any]], initial_test_loss: float) -> str | No
     return None
 
 
-def _block_rows(first_round: int, metrics: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def _block_rows(first_round: int, metrics: dict[str, np.ndarray],
+                epsilons: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """A row per round of a block's metrics, with the privacy spent by that round where it is counted."""
     num_rounds = len(next(iter(metrics.values())))
-    return [{"round": first_round + i + 1, **{k: float(v[i]) for k, v in metrics.items()}}
+    rows = [{"round": first_round + i + 1, **{k: float(v[i]) for k, v in metrics.items()}}
             for i in range(num_rounds)]
+    for row in rows:
+        if epsilons and row["round"] in epsilons:
+            row["epsilon"] = epsilons[row["round"]]
+    return rows
 
 
 def run_experiment(config: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -234,7 +241,7 @@ def _run_blocks(experiment: Experiment, directory: RunDirectory, state, stop: in
         if jax.process_count() > 1:  # bring the state home: evaluation and checkpoints stay per process
             state = to_host(state)
         metrics, arrays = split_arrays(to_host(metrics))
-        rows = _block_rows(first, metrics)
+        rows = _block_rows(first, metrics, experiment.epsilons)
         timings.append((num_rounds, time.perf_counter() - start))
         if int(state.round) % every == 0 or int(state.round) == total:
             rows[-1].update(experiment.evaluate(state))
@@ -304,4 +311,6 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients, experiment.epsilons)}
+           if experiment.config.privacy is not None else {}),
     }

@@ -35,7 +35,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
 from fedjax_lab.engine.sharding import client_mesh
 from fedjax_lab.engine.simulation import map_cohort
-from fedjax_lab.experiments import hyperparams
+from fedjax_lab.experiments import hyperparams, privacy
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.classifiers import CONV_MODELS
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
@@ -123,7 +123,7 @@ def why_not_one_program(members: list[Member]) -> str | None:
             data = hyperparams.hyperparams(member.config)
             keys = [k for k in member.values if k != "seed" and k not in data]
             return (f"{', '.join(keys) or 'the grid'} changes the program's structure or shapes (only seed "
-                    f"and the float fields of client and algorithm are data: {', '.join(data)})")
+                    f"and the float fields of client, algorithm and privacy are data: {', '.join(data)})")
     return None
 
 
@@ -225,6 +225,8 @@ class SweepProgram:
     member_chunk: int
     _init: Any = None
     _run: Any = None
+    configs: list[Config] = dataclasses.field(default_factory=list)  # each member's, its privacy resolved
+    epsilons: list[dict[int, float]] = dataclasses.field(default_factory=list)  # each member's ε by round
 
     def initial_states(self):
         return self._init(self.keys, self.values, self.experiment.inputs)
@@ -270,8 +272,11 @@ def build_sweep_program(members: list[Member], member_chunk: int,
         return map_cohort(one, member_chunk, states, keys, values, mesh=mesh)
 
     keys = jnp.stack([randomness.base_key(m.config.seed) for m in members])
-    values = _stack([hyperparams.as_arrays(hyperparams.hyperparams(m.config)) for m in members])
-    return SweepProgram(experiment, keys, values, member_chunk, initial_states, run_rounds)
+    num_clients = experiment.dataset.num_clients
+    configs = [privacy.resolve(m.config, num_clients) for m in members]  # a noise multiplier for each
+    values = _stack([hyperparams.as_arrays(hyperparams.hyperparams(c)) for c in configs])
+    return SweepProgram(experiment, keys, values, member_chunk, initial_states, run_rounds, configs,
+                        [privacy.epsilons(c, num_clients) for c in configs])
 
 
 def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bool, progress: bool,
@@ -300,7 +305,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
     stop = total if stop_after_round is None else min(stop_after_round, total)
     states, timings = _run_blocks(program, members, directories, states, diverged, sweep_dir, stop, progress,
                                   stop_request)
-    return _finish_members(program.experiment, members, directories, states, diverged, timings)
+    return _finish_members(program, members, directories, states, diverged, timings)
 
 
 def _check_members(members: list[Member], sweep_dir: Path, resume: bool) -> list[bool]:
@@ -382,7 +387,7 @@ def _run_blocks(program: SweepProgram, members: list[Member], directories: list[
             if diverged[i]:
                 continue
             scalars, arrays = split_arrays({k: v[i] for k, v in metrics.items()})
-            rows = _block_rows(first, scalars)
+            rows = _block_rows(first, scalars, program.epsilons[i])
             if evaluate:
                 rows[-1].update(experiment.evaluate_params(member_params(experiment, states, i)))
             diverged[i] = divergence(rows, initial_losses[i])
@@ -398,14 +403,17 @@ def _run_blocks(program: SweepProgram, members: list[Member], directories: list[
     return states, timings
 
 
-def _finish_members(experiment, members: list[Member], directories: list[RunDirectory], states,
+def _finish_members(program: SweepProgram, members: list[Member], directories: list[RunDirectory], states,
                     diverged: list, timings) -> list[dict[str, Any]]:
     """Each member's summary, written (with its curves) when it finished or diverged."""
-    total = members[0].config.rounds.num_rounds
+    experiment, total = program.experiment, members[0].config.rounds.num_rounds
     summaries = []
     for i, d in enumerate(directories):
         summary = {**_summarise(d, timings, experiment), "diverged": diverged[i],
                    "sweep_members_per_program": len(members)}
+        if program.configs[i].privacy is not None:
+            summary["privacy"] = privacy.privacy_summary(program.configs[i], experiment.dataset.num_clients,
+                                                         program.epsilons[i])
         if int(states.round[0]) == total or diverged[i]:
             d.write_summary(summary)
             from fedjax_lab.experiments.plots import plot_runs
@@ -443,9 +451,12 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
     """``sweep.json``, ``sweep.md`` (a row per member, then mean ± std over seeds for each setting) and
     ``curves.png`` (each setting's mean test accuracy with its spread over seeds)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    private = any("privacy" in s for s in summaries)
     rows = [{"member": m.name, **m.values, "final_accuracy": s["final"].get("test_accuracy"),
              "best_accuracy": s.get("best_test_accuracy"), "best_round": s.get("best_round"),
-             "diverged": s.get("diverged")} for m, s in zip(members, summaries)]
+             "diverged": s.get("diverged"),
+             **({"epsilon": (s.get("privacy") or {}).get("epsilon")} if private else {})}
+            for m, s in zip(members, summaries)]
     settings: dict[str, list[int]] = {}
     for i, m in enumerate(members):
         settings.setdefault(",".join(f"{k}={v}" for k, v in m.values.items() if k != "seed") or "all",
@@ -456,20 +467,35 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
         bests = [rows[i]["best_accuracy"] for i in idx]
         groups.append({"setting": label, "members": len(idx), "final_mean": float(np.mean(finals)),
                        "final_std": _std(finals), "best_mean": float(np.mean(bests)),
-                       "best_std": _std(bests)})
+                       "best_std": _std(bests), **({"epsilon": rows[idx[0]]["epsilon"]} if private else {})})
     summary = {"grid": grid, "layout": layout, "seconds": seconds, "members": rows, "settings": groups}
     write_atomically(sweep_dir / "sweep.json", json.dumps(summary, indent=1, default=str) + "\n")
+    eps_head, eps_rule = (" ε |", "---:|") if private else ("", "")
+
+    def eps(row):
+        return f" {_epsilon(row['epsilon'])} |" if private else ""
+
     lines = [f"# Sweep: {len(members)} members, {layout}, {seconds:.0f} s", "",
-             "| member | final accuracy | best accuracy (round) | diverged |", "|---|---:|---:|---|"]
-    lines += [f"| {r['member']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} ({r['best_round']}) | "
-              f"{r['diverged'] or ''} |" for r in rows]
+             f"| member |{eps_head} final accuracy | best accuracy (round) | diverged |",
+             f"|---|{eps_rule}---:|---:|---|"]
+    lines += [f"| {r['member']} |{eps(r)} {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} "
+              f"({r['best_round']}) | {r['diverged'] or ''} |" for r in rows]
     lines += ["", "Over seeds (mean ± sample standard deviation, ddof 1; one member: no spread):", "",
-              "| setting | members | final accuracy | best accuracy |", "|---|---:|---:|---:|"]
-    lines += [f"| {g['setting']} | {g['members']} | {g['final_mean']:.4f}{_spread(g['final_std'])} | "
+              f"| setting | members |{eps_head} final accuracy | best accuracy |",
+              f"|---|---:|{eps_rule}---:|---:|"]
+    lines += [f"| {g['setting']} | {g['members']} |{eps(g)} {g['final_mean']:.4f}{_spread(g['final_std'])} | "
               f"{g['best_mean']:.4f}{_spread(g['best_std'])} |" for g in groups]
+    if private:
+        lines += ["", "ε: user-level, at each member's privacy.delta after its last round (∞: no noise); "
+                  "docs/privacy.md."]
     (sweep_dir / "sweep.md").write_text("\n".join(lines) + "\n")
     _plot_spread(sweep_dir, members, settings)
     return summary
+
+
+def _epsilon(value: float | None) -> str:
+    """ε as the table shows it: ``∞`` without noise."""
+    return "∞" if value is None else f"{value:.3g}"
 
 
 def _std(values: list[float]) -> float | None:

@@ -1,0 +1,82 @@
+"""A config's privacy settings made concrete for a run, before anything compiles: the accountant's view of the
+run (:class:`~fedjax_lab.privacy.accounting.Mechanism`), the noise multiplier found for a target epsilon, the
+budget check, and the epsilon reported beside the metrics."""
+
+from __future__ import annotations
+
+from fedjax_lab.experiments.config import Config, ConfigError
+from fedjax_lab.privacy import accounting
+
+
+def mechanism_of(config: Config, num_clients: int, noise_multiplier: float | None = None) -> accounting.Mechanism:
+    """The accountant's view of ``config``'s run over ``num_clients`` clients (the noise multiplier given, else
+    the config's)."""
+    p = config.privacy
+    expected = config.rounds.clients_per_round
+    if p.sampling == "fixed":
+        slots = expected
+    elif p.max_clients is not None:
+        slots = p.max_clients
+    elif p.accountant == "rdp":
+        slots = num_clients
+    else:
+        slots = accounting.default_slots(num_clients, expected / num_clients)
+    z = p.noise_multiplier if noise_multiplier is None else noise_multiplier
+    return accounting.Mechanism(num_clients, p.sampling, expected, slots, float(z or 0.0), p.accountant)
+
+
+def resolve(config: Config, num_clients: int) -> Config:
+    """``config`` with ``privacy.noise_multiplier`` set: the smallest that meets ``privacy.target_epsilon`` when
+    unset; checks a set one against that budget.
+
+    Raises:
+      ConfigError: no noise multiplier meets the target, or the run would exceed its budget.
+    """
+    p, rounds = config.privacy, config.rounds.num_rounds
+    if p is None:
+        return config
+    if p.noise_multiplier is None:
+        try:
+            z = accounting.calibrate(mechanism_of(config, num_clients, 1.0), rounds, p.target_epsilon, p.delta)
+        except accounting.CalibrationError as exc:
+            raise ConfigError(f"privacy.target_epsilon: {exc}; allow a larger epsilon, or fewer rounds or "
+                              "clients per round") from None
+        return config.model_copy(update={"privacy": p.model_copy(update={"noise_multiplier": z})})
+    if p.target_epsilon is not None:
+        spent = accounting.epsilon(mechanism_of(config, num_clients), rounds, p.delta)
+        if spent > p.target_epsilon:
+            raise ConfigError(f"privacy.target_epsilon: the run would spend ε = {spent:.4g} at δ = {p.delta:g} "
+                              f"in {rounds} rounds, over its budget of {p.target_epsilon:g}; raise "
+                              "privacy.noise_multiplier (or unset it to find the one that fits), or run fewer "
+                              "rounds")
+    return config
+
+
+def epsilon_rounds(config: Config) -> list[int]:
+    """The rounds whose ε a run reports: every round with the RDP accountant; the evaluated rounds (and the
+    last) with the PLD one, which takes about a second a point."""
+    total = config.rounds.num_rounds
+    if config.privacy.accountant == "rdp":
+        return list(range(1, total + 1))
+    return sorted({*range(config.eval.every, total + 1, config.eval.every), total})
+
+
+def epsilons(config: Config, num_clients: int) -> dict[int, float]:
+    """ε at ``privacy.delta`` after each of :func:`epsilon_rounds` of a resolved config (none without
+    noise: ε is infinite, and the run's summary says so)."""
+    if config.privacy is None or not config.privacy.noise_multiplier:
+        return {}
+    return accounting.epsilon_curve(mechanism_of(config, num_clients), epsilon_rounds(config),
+                                    config.privacy.delta)
+
+
+def privacy_summary(config: Config, num_clients: int, curve: dict[int, float]) -> dict | None:
+    """What a run's summary says of its privacy: ε (``None``: infinite, no noise) at δ, and the settings it was
+    counted under."""
+    if config.privacy is None:
+        return None
+    p, mechanism = config.privacy, mechanism_of(config, num_clients)
+    return {"epsilon": curve.get(config.rounds.num_rounds), "delta": p.delta,
+            "noise_multiplier": p.noise_multiplier, "clip_norm": p.clip_norm, "accountant": p.accountant,
+            "sampling": p.sampling, "sampling_rate": mechanism.sampling_rate, "slots": mechanism.slots,
+            "num_clients": num_clients, "adaptive_quantile": p.adaptive_quantile}

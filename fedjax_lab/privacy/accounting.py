@@ -1,0 +1,163 @@
+"""Privacy accounting with Google's ``dp-accounting`` library: no formula here is written by hand.
+
+A round of DP-FedAvg is one subsampled Gaussian mechanism on the clients (one user = one client, all of its
+data): :func:`round_event` names it as a ``DpEvent`` for the sampling the round uses, and the accountant
+composes it over rounds.
+
+* Poisson sampling, add-or-remove-one neighbours: ``TruncatedSubsampledGaussianDpEvent`` (a round with more
+  clients than the cohort's slots keeps a random subset of them; Zhang et al. 2025, arXiv 2508.15089), or
+  ``PoissonSampledDpEvent`` when the slots hold everyone. The sum of clipped updates has sensitivity C.
+* Fixed-size sampling without replacement, replace-one neighbours (the population size is public):
+  ``SampledWithoutReplacementDpEvent``, whose Gaussian is counted in units of the replace-one sensitivity 2C,
+  so its noise multiplier is ``z / 2`` (Wang, Balle, Kasiviswanathan 2019, which the RDP accountant
+  implements; the PLD accountant has no such event).
+
+Imports no JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import dp_accounting
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+TRUNCATION_TAIL = 1e-6
+"""Poisson sampling's default slots: the fewest whose count is exceeded with at most this probability."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """What the accountant needs of a run: the population, the sampling, the noise, the accountant.
+
+    Attributes:
+      num_clients: N, the population (users).
+      sampling: ``'poisson'`` or ``'fixed'``.
+      clients_per_round: the expected cohort ``q N`` (Poisson) or the cohort (fixed).
+      slots: Poisson: the cohort's slots (the truncation); fixed: the cohort.
+      noise_multiplier: z, in units of the add-or-remove sensitivity C of the sum.
+      accountant: ``'pld'`` or ``'rdp'``.
+    """
+
+    num_clients: int
+    sampling: str
+    clients_per_round: int
+    slots: int
+    noise_multiplier: float
+    accountant: str = "pld"
+
+    @property
+    def sampling_rate(self) -> float:
+        """q: a client's probability of taking part in a round."""
+        return self.clients_per_round / self.num_clients
+
+
+def default_slots(num_clients: int, rate: float, tail: float = TRUNCATION_TAIL) -> int:
+    """The fewest slots ``s`` with ``P(Binomial(N, q) > s) <= tail``: Poisson sampling's default truncation."""
+    if rate >= 1.0:
+        return num_clients
+    log_q, log_p = math.log(rate), math.log1p(-rate)
+    above = 1.0
+    for k in range(num_clients + 1):
+        log_pmf = (math.lgamma(num_clients + 1) - math.lgamma(k + 1) - math.lgamma(num_clients - k + 1)
+                   + k * log_q + (num_clients - k) * log_p)
+        above -= math.exp(log_pmf)
+        if above <= tail:
+            return max(k, 1)
+    return num_clients
+
+
+def round_event(mechanism: Mechanism, noise_multiplier: float | None = None) -> dp_event.DpEvent:
+    """The ``DpEvent`` of one round (see the module docstring), at ``noise_multiplier`` (default the
+    mechanism's)."""
+    z = mechanism.noise_multiplier if noise_multiplier is None else noise_multiplier
+    n, q = mechanism.num_clients, mechanism.sampling_rate
+    if mechanism.sampling == "fixed":
+        return dp_event.SampledWithoutReplacementDpEvent(n, mechanism.clients_per_round,
+                                                         dp_event.GaussianDpEvent(z / 2.0))
+    if mechanism.slots >= n:
+        return dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z))
+    return dp_event.TruncatedSubsampledGaussianDpEvent(dataset_size=n, sampling_probability=q,
+                                                       truncated_batch_size=mechanism.slots,
+                                                       noise_multiplier=z)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silences the RDP accountant's warnings about fractional orders it leaves out (they do not change the
+    bound, which is the minimum over the orders it can compute)."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def make_accountant(mechanism: Mechanism) -> dp_accounting.PrivacyAccountant:
+    """A fresh accountant of the mechanism's kind and neighbouring relation."""
+    relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if mechanism.sampling == "fixed"
+                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    if mechanism.accountant == "rdp":
+        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    return pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
+
+
+@functools.lru_cache(maxsize=4096)
+def epsilon(mechanism: Mechanism, rounds: int, delta: float) -> float:
+    """ε at ``delta`` after ``rounds`` rounds (``inf`` without noise, 0 after no round)."""
+    if rounds == 0:
+        return 0.0
+    if mechanism.noise_multiplier == 0:
+        return math.inf
+    accountant = make_accountant(mechanism)
+    with _quiet():
+        accountant.compose(round_event(mechanism), rounds)
+        return float(accountant.get_epsilon(delta))
+
+
+def epsilon_curve(mechanism: Mechanism, rounds: Sequence[int], delta: float) -> dict[int, float]:
+    """ε after each of ``rounds`` (the accountant's cost grows with each: the PLD accountant takes about a
+    second a point, so a run asks for its evaluated rounds, the RDP one for every round)."""
+    return {r: epsilon(mechanism, r, delta) for r in rounds}
+
+
+class CalibrationError(ValueError):
+    """No noise multiplier within the searched range meets the target."""
+
+
+MAX_NOISE_MULTIPLIER = 1000.0
+"""The largest noise multiplier the calibration tries: beyond it, the noise drowns any update."""
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate(mechanism: Mechanism, rounds: int, target_epsilon: float, delta: float) -> float:
+    """The smallest noise multiplier whose ε after ``rounds`` rounds is at most ``target_epsilon`` at
+    ``delta`` (``dp_accounting.calibrate_dp_mechanism``, within 1e-3 of it, on the side that meets the target).
+    The PLD accountant takes tens of seconds here (a PLD per candidate), the RDP one under a second.
+
+    Raises:
+      CalibrationError: even ``MAX_NOISE_MULTIPLIER`` exceeds the target.
+    """
+    def event(z):
+        return dp_event.SelfComposedDpEvent(round_event(mechanism, z), rounds)
+
+    def fresh():
+        return make_accountant(mechanism)
+
+    with _quiet():
+        top = make_accountant(mechanism)
+        top.compose(event(MAX_NOISE_MULTIPLIER))
+        if top.get_epsilon(delta) > target_epsilon:
+            raise CalibrationError(f"even a noise multiplier of {MAX_NOISE_MULTIPLIER:g} gives ε > "
+                                   f"{target_epsilon} after {rounds} rounds")
+        return float(dp_accounting.calibrate_dp_mechanism(
+            fresh, event, target_epsilon, delta, dp_accounting.LowerEndpointAndGuess(0.0, 1.0), tol=1e-3))
