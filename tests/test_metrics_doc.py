@@ -19,6 +19,8 @@ KINDS = {
     "bherd": ["algorithm={name: bherd, alpha: 0.5}", "eval.train=true"],
     "fedasync": ["algorithm.name=fedasync", "algorithm.buffer_size=2",
                  "asynchrony={delay: half_normal, sigma: 1}"],
+    "privacy": ["algorithm.weighting=uniform",
+                "privacy={noise_multiplier: 1.0, adaptive_quantile: 0.5, count_noise: 1.0, accountant: rdp}"],
 }
 
 

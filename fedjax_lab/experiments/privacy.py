@@ -8,9 +8,10 @@ from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.privacy import accounting
 
 
-def mechanism_of(config: Config, num_clients: int, noise_multiplier: float | None = None) -> accounting.Mechanism:
-    """The accountant's view of ``config``'s run over ``num_clients`` clients (the noise multiplier given, else
-    the config's)."""
+def mechanism_of(config: Config, num_clients: int,
+                 noise_multiplier: float | None = None) -> accounting.Mechanism:
+    """The accountant's view of ``config``'s run over ``num_clients`` clients (the noise multiplier given,
+    else the config's)."""
     p = config.privacy
     expected = config.rounds.clients_per_round
     if p.sampling == "fixed":
@@ -26,8 +27,8 @@ def mechanism_of(config: Config, num_clients: int, noise_multiplier: float | Non
 
 
 def resolve(config: Config, num_clients: int) -> Config:
-    """``config`` with ``privacy.noise_multiplier`` set: the smallest that meets ``privacy.target_epsilon`` when
-    unset; checks a set one against that budget.
+    """``config`` with ``privacy.noise_multiplier`` set: the smallest that meets ``privacy.target_epsilon``
+    when unset; checks a set one against that budget.
 
     Raises:
       ConfigError: no noise multiplier meets the target, or the run would exceed its budget.
@@ -37,7 +38,8 @@ def resolve(config: Config, num_clients: int) -> Config:
         return config
     if p.noise_multiplier is None:
         try:
-            z = accounting.calibrate(mechanism_of(config, num_clients, 1.0), rounds, p.target_epsilon, p.delta)
+            z = accounting.calibrate(mechanism_of(config, num_clients, 1.0), rounds, p.target_epsilon,
+                                     p.delta)
         except accounting.CalibrationError as exc:
             raise ConfigError(f"privacy.target_epsilon: {exc}; allow a larger epsilon, or fewer rounds or "
                               "clients per round") from None
@@ -45,10 +47,10 @@ def resolve(config: Config, num_clients: int) -> Config:
     if p.target_epsilon is not None:
         spent = accounting.epsilon(mechanism_of(config, num_clients), rounds, p.delta)
         if spent > p.target_epsilon:
-            raise ConfigError(f"privacy.target_epsilon: the run would spend ε = {spent:.4g} at δ = {p.delta:g} "
-                              f"in {rounds} rounds, over its budget of {p.target_epsilon:g}; raise "
-                              "privacy.noise_multiplier (or unset it to find the one that fits), or run fewer "
-                              "rounds")
+            raise ConfigError(f"privacy.target_epsilon: the run would spend ε = {spent:.4g} at "
+                              f"δ = {p.delta:g} in {rounds} rounds, over its budget of "
+                              f"{p.target_epsilon:g}; raise privacy.noise_multiplier (or unset it to find "
+                              "the one that fits), or run fewer rounds")
     return config
 
 
@@ -71,8 +73,8 @@ def epsilons(config: Config, num_clients: int) -> dict[int, float]:
 
 
 def privacy_summary(config: Config, num_clients: int, curve: dict[int, float]) -> dict | None:
-    """What a run's summary says of its privacy: ε (``None``: infinite, no noise) at δ, and the settings it was
-    counted under."""
+    """What a run's summary says of its privacy: ε (``None``: infinite, no noise) at δ, and the settings it
+    was counted under."""
     if config.privacy is None:
         return None
     p, mechanism = config.privacy, mechanism_of(config, num_clients)

@@ -14,6 +14,7 @@ from pydantic_core import PydanticUndefined
 
 from fedjax_lab.experiments import config as schema
 from fedjax_lab.methods import registry
+from fedjax_lab.privacy import PrivacyConfig
 
 SECTIONS: tuple[tuple[str, list[tuple[str, type[BaseModel]]]], ...] = (
     ("seed", []),
@@ -32,6 +33,7 @@ SECTIONS: tuple[tuple[str, list[tuple[str, type[BaseModel]]]], ...] = (
     ("eval", [("", schema.EvalConfig)]),
     ("checkpoint", [("", schema.CheckpointConfig)]),
     ("parallel", [("", schema.ParallelConfig)]),
+    ("privacy", [("", PrivacyConfig)]),
 )
 NESTED = {"partition", "server_data", "schedule", "server_schedule", "plugins"}  # sections of their own above
 

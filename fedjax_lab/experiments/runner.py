@@ -17,8 +17,8 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine.sharding import to_host
 from fedjax_lab.experiments.build import Experiment, build_experiment, join_processes
 from fedjax_lab.experiments.config import Config, ConfigError, check_resumable, to_yaml
-from fedjax_lab.experiments.privacy import privacy_summary
 from fedjax_lab.experiments.plots import describe_run, plot_runs, plot_staleness, run_config
+from fedjax_lab.experiments.privacy import privacy_summary
 from fedjax_lab.experiments.run_directory import (
     RunDirectory,
     RunDirectoryError,
@@ -311,6 +311,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients, experiment.epsilons)}
+        **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients,
+                                       experiment.epsilons)}
            if experiment.config.privacy is not None else {}),
     }

@@ -486,8 +486,8 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
     lines += [f"| {g['setting']} | {g['members']} |{eps(g)} {g['final_mean']:.4f}{_spread(g['final_std'])} | "
               f"{g['best_mean']:.4f}{_spread(g['best_std'])} |" for g in groups]
     if private:
-        lines += ["", "ε: user-level, at each member's privacy.delta after its last round (∞: no noise); "
-                  "docs/privacy.md."]
+        lines += ["", ("ε: user-level, at each member's privacy.delta after its last round (∞: no noise); "
+                       "docs/privacy.md.")]
     (sweep_dir / "sweep.md").write_text("\n".join(lines) + "\n")
     _plot_spread(sweep_dir, members, settings)
     return summary

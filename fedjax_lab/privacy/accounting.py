@@ -60,7 +60,8 @@ class Mechanism:
 
 
 def default_slots(num_clients: int, rate: float, tail: float = TRUNCATION_TAIL) -> int:
-    """The fewest slots ``s`` with ``P(Binomial(N, q) > s) <= tail``: Poisson sampling's default truncation."""
+    """The fewest slots ``s`` with ``P(Binomial(N, q) > s) <= tail``: Poisson sampling's default
+    truncation."""
     if rate >= 1.0:
         return num_clients
     log_q, log_p = math.log(rate), math.log1p(-rate)
@@ -141,7 +142,8 @@ MAX_NOISE_MULTIPLIER = 1000.0
 @functools.lru_cache(maxsize=256)
 def calibrate(mechanism: Mechanism, rounds: int, target_epsilon: float, delta: float) -> float:
     """The smallest noise multiplier whose ε after ``rounds`` rounds is at most ``target_epsilon`` at
-    ``delta`` (``dp_accounting.calibrate_dp_mechanism``, within 1e-3 of it, on the side that meets the target).
+    ``delta`` (``dp_accounting.calibrate_dp_mechanism``, within 1e-3 of it, on the side that meets the
+    target).
     The PLD accountant takes tens of seconds here (a PLD per candidate), the RDP one under a second.
 
     Raises:

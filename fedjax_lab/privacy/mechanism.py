@@ -1,5 +1,5 @@
-"""DP-FedAvg inside the compiled round: each client's update clipped as it leaves the client, Gaussian noise on
-their sum at the server, and optionally a clipping norm that tracks a quantile of the update norms.
+"""DP-FedAvg inside the compiled round: each client's update clipped as it leaves the client, Gaussian noise
+on their sum at the server, and optionally a clipping norm that tracks a quantile of the update norms.
 
 One :class:`~fedjax_lab.engine.components.Component`, ``"dp"``, added in front of a method's own components,
 so that it composes with every server optimiser (the noisy average is the pseudo-gradient DP-FedAdam and
@@ -40,8 +40,9 @@ NAME = "dp"
 
 
 def clip_to_norm(delta, clip_norm):
-    """``delta`` scaled to an l2 norm (over every leaf) of at most ``clip_norm``, and whether it was within it:
-    ``(delta min(1, C / ||delta||), ||delta|| <= C)``. With ``C = inf`` the delta is returned bit for bit."""
+    """``delta`` scaled to an l2 norm (over every leaf) of at most ``clip_norm``, and whether it was within
+    it: ``(delta min(1, C / ||delta||), ||delta|| <= C)``. With ``C = inf`` the delta comes back bit for
+    bit."""
     norm = optax.global_norm(delta)
     within = norm <= clip_norm
     factor = jnp.where(within, 1.0, clip_norm / jnp.where(within, 1.0, norm))
@@ -125,12 +126,13 @@ def dp_aggregation(
         c = current_clip(view.state)
         total, denominator = view.sums["delta"], jnp.asarray(expected_clients, jnp.float32)
         key = randomness.named_key(view.context.key, f"{NAME}/update")
+        std = jnp.where(sigma > 0, sigma * c, 0.0)  # no noise with C = inf and z = 0, not inf * 0
         if estimator == "fixed":
-            noisy = tree_add(total, gaussian_like(key, total, sigma * c))
+            noisy = tree_add(total, gaussian_like(key, total, std))
             mean = tree_scale(noisy, 1.0 / denominator)
         else:
             mean = tree_add(tree_scale(total, 1.0 / jnp.maximum(denominator, view.sums[NAME]["count"])),
-                            gaussian_like(key, total, 2.0 * sigma * c / denominator))
+                            gaussian_like(key, total, 2.0 * std / denominator))
         counted = view.sums[NAME]
         clipped = 1.0 - counted["within"] / jnp.maximum(counted["count"], 1.0)
         return mean, {"dp_clip_norm": c, "dp_clipped_fraction": clipped}
@@ -156,6 +158,6 @@ def check_composes(components) -> None:
     readers = [c.name for c in components if c.name != NAME and any(
         getattr(c, hook) is not None for hook in ("merge", "sums", "aggregate", "after_step"))]
     if readers:
-        raise ValueError(f"the server hooks of {', '.join(readers)} read what clients send beyond the clipped "
-                         "update, which the noise does not cover; DP-FedAvg composes with server optimisers "
-                         "and with methods that change only what clients do")
+        raise ValueError(f"the server hooks of {', '.join(readers)} read what clients send beyond the "
+                         "clipped update, which the noise does not cover; DP-FedAvg composes with server "
+                         "optimisers and with methods that change only what clients do")
