@@ -20,6 +20,8 @@ README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.DOTALL)
 TINY = {  # per config: the overrides that make its runs take seconds (replacing the README's value of a key)
     "configs/synthetic_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1"],
+    "configs/privacy/synthetic_dp_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1",
+                                                "client.local_epochs=1"],
     "configs/cifar10_fedavg.yaml": ["dataset.partition={name: iid, num_clients: 4}",
                                     "rounds.clients_per_round=2", "rounds.num_rounds=2", "eval.every=1",
                                     "client.local_epochs=1"],

@@ -13,9 +13,10 @@ DP-FedAvgM step on) and with every component that changes only what clients do:
   (McMahan et al. 2018, Algorithm 1 and section 2; ``w_k = 1``, so ``W = N``, and ``q W`` is the expected
   number of clients);
 * ``after_step`` (adaptive clipping, Andrew et al. 2021, Algorithm 1): the noisy fraction of unclipped updates
-  ``b = (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / (q W) + 1/2`` moves ``C <- C exp(-eta_C (b - gamma))``; the
-  update noise is then ``sigma_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the two releases together
-  are one Gaussian mechanism of noise multiplier ``z`` (their Theorem 1), which is what the accountant counts.
+  ``b = (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / (q W) + 1/2``, clamped to [0, 1] as in the authors' code,
+  moves ``C <- C exp(-eta_C (b - gamma))``; the update noise is then
+  ``sigma_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the two releases together are one Gaussian
+  mechanism of noise multiplier ``z`` (their Theorem 1), which is what the accountant counts.
 
 References:
   McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language Models", ICLR 2018.
@@ -141,7 +142,8 @@ def dp_aggregation(
         counted = view.sums[NAME]
         key = randomness.named_key(view.context.key, f"{NAME}/count")
         centred = counted["within"] - 0.5 * counted["count"] + count_noise * jax.random.normal(key)
-        fraction = centred / expected_clients + 0.5
+        # Clamped to [0, 1] as the authors' code does (TF Privacy's QuantileEstimatorQuery): post-processing.
+        fraction = jnp.clip(centred / expected_clients + 0.5, 0.0, 1.0)
         new_clip = geometric_clip_update(view.state["clip_norm"], fraction, target_quantile=target_quantile,
                                          learning_rate=clip_learning_rate)
         return {"clip_norm": new_clip}, params, {"dp_unclipped_fraction": fraction}
