@@ -278,3 +278,10 @@ def test_a_target_epsilon_out_of_reach_or_a_budget_exceeded_is_refused_before_co
         build_experiment(validate({**RAW, "privacy": {"target_epsilon": 1e-7, "accountant": "rdp"}}))
     with pytest.raises(ConfigError, match="privacy.target_epsilon: the run would spend"):
         build_experiment(_config(target_epsilon=0.5))
+
+
+def test_a_chunk_that_does_not_divide_the_poisson_slots_is_refused_naming_both_fields():
+    config = validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": 5},
+                       "privacy": {**RAW["privacy"], "accountant": "pld", "max_clients": 8}})
+    with pytest.raises(ConfigError, match="rounds.chunk_size=5 .*8 slots.*privacy.max_clients"):
+        build_experiment(config)

@@ -174,6 +174,11 @@ def build_experiment(config: Config) -> Experiment:
         mechanism = privacy.mechanism_of(config, dataset.num_clients)
         if mechanism.sampling == "poisson":
             cohort, sampling_rate = mechanism.slots, mechanism.sampling_rate
+            chunk = config.rounds.chunk_size
+            if chunk is not None and cohort % chunk:
+                raise ConfigError(f"rounds.chunk_size={chunk} must divide the Poisson cohort's {cohort} "
+                                  "slots (privacy.max_clients, default the count exceeded with probability "
+                                  "below 1e-6); set privacy.max_clients to a multiple of it")
     mesh = build_mesh(config, cohort)
     share = cohort // (1 if mesh is None else mesh.size)
     chunk_size = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(),
