@@ -90,7 +90,7 @@ def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classi
             raise ConfigError(f"model.name: shakespeare needs char_rnn (token inputs), "
                               f"got {config.model.name!r}")
         classifier = models.Classifier(module, dataset.input_shape, models.as_tokens, pad_label=0,
-                                       input_dtype="int32")
+                                       input_dtype="int32", precision=config.model.precision)
     else:
         if config.model.name == "char_rnn":
             raise ConfigError(f"model.name: char_rnn needs token inputs (dataset shakespeare), got "
@@ -100,7 +100,7 @@ def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classi
         classifier = models.Classifier(
             module, dataset.input_shape, preprocess,
             objective="squared_hinge" if config.model.name == "linear_svm" else "cross_entropy",
-            l2=config.model.l2, augment=build_augment(config, dataset))
+            l2=config.model.l2, augment=build_augment(config, dataset), precision=config.model.precision)
     try:
         _ = classifier.variable_shapes  # traced here, so that a misfit is reported before compiling
     except Exception as exc:  # noqa: BLE001 - any failure of shape inference means the model does not fit

@@ -201,6 +201,9 @@ class ModelConfig(Section):
     l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
     embed_dim: PositiveInt = Field(8, description="char_rnn")
     rnn_hidden: PositiveInt = Field(256, description="char_rnn")
+    precision: Literal["float32", "bfloat16"] = Field(
+        "float32", description="bfloat16: forward and backward passes in bfloat16 (parameters, optimiser "
+        "states, messages and aggregation stay float32)")
 
 
 # ----------------------------------------------------------------------------------------------- training

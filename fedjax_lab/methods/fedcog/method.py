@@ -128,7 +128,6 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
     during it, the previous local model as client state (or the one ``shares_state_of`` keeps, MOON's), the
     server's step count as server state, and each client's generation losses as its message (for the round's
     metrics)."""
-    module = classifier.module
     keep_previous = {"client_init": lambda variables: variables,
                      "finish": lambda view, result: (None, result.variables),
                      "shares_state_of": shares_state_of}
@@ -137,7 +136,7 @@ def consensus_generation(classifier, num_classes: int, num_samples: int = 256, s
         return Component("fedcog", **keep_previous)
 
     def apply(variables, x):
-        return module.apply(variables, x)
+        return classifier.apply(variables, x)
 
     def prepare(view: ClientView) -> Prepared:
         d = client_class_counts(view, num_classes)

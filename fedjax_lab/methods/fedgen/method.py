@@ -85,7 +85,7 @@ def feature_shape(classifier) -> tuple[int, ...]:
     x = jnp.zeros((1, *classifier.input_shape), classifier.input_dtype)
     variables = classifier.variable_shapes
     features = jax.eval_shape(
-        lambda v, x: classifier.module.apply(v, classifier.preprocess(x), method="features"), variables, x)
+        lambda v, x: classifier.apply(v, classifier.preprocess(x), method="features"), variables, x)
     return tuple(features.shape[1:])
 
 
@@ -178,7 +178,6 @@ def fedgen(classifier, num_classes: int, key: jax.Array, alpha: float | jax.Arra
     """FedGen's change to the round (the module docstring): the clients' two terms on ``G``'s features and
     their class counts as message, and the generator trained after the server step; ``key`` initialises
     ``G``."""
-    module = classifier.module
     generator = Generator(num_classes, hidden, feature_shape(classifier))
 
     def server_init(variables: Params) -> FedGenState:
@@ -204,7 +203,7 @@ def fedgen(classifier, num_classes: int, key: jax.Array, alpha: float | jax.Arra
         def term(variables, b, forward):
             def regulariser():
                 def head(z):
-                    return module.apply(variables, z, method="head")
+                    return classifier.apply(variables, z, method="head")
 
                 latent = softened_kl(head(forward.features), jax.lax.stop_gradient(head(b["fedgen_z"])),
                                      b["mask"])
@@ -221,7 +220,7 @@ def fedgen(classifier, num_classes: int, key: jax.Array, alpha: float | jax.Arra
         clients = jax.tree.map(lambda g, d: g[None] + d, view.global_variables, view.messages["delta"])
 
         def heads(z):
-            return jax.vmap(lambda v: module.apply(v, z, method="head"))(clients)
+            return jax.vmap(lambda v: classifier.apply(v, z, method="head"))(clients)
 
         state, metrics = train_generator(generator, view.state, heads, counts=view.messages["fedgen"],
                                          present=view.weights > 0,

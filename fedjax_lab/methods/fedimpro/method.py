@@ -134,7 +134,7 @@ def feature_shape(classifier: Classifier, split: str) -> tuple[int, ...]:
     """The shape of one example's activation after stage ``split``."""
     variables = classifier.variable_shapes
     x = jax.ShapeDtypeStruct((1, *classifier.model_input_shape()), jnp.float32)
-    return tuple(jax.eval_shape(lambda v, x: classifier.module.apply(v, x, split, method="lower"), variables,
+    return tuple(jax.eval_shape(lambda v, x: classifier.apply(v, x, split, method="lower"), variables,
                                 x).shape[1:])
 
 
@@ -157,8 +157,8 @@ def shared_features(classifier: Classifier, num_classes: int, key: jax.Array, ba
     def apply_part(variables: Params, x: jax.Array, method: str, mask: jax.Array) -> jax.Array:
         names = [n for n in variables if n != "params"]
         if not names:
-            return module.apply(variables, x, split, method=method)
-        return module.apply(variables, x, split, True, mask, method=method, mutable=names)[0]
+            return classifier.apply(variables, x, split, method=method)
+        return classifier.apply(variables, x, split, True, mask, method=method, mutable=names)[0]
 
     def server_init(variables: Params) -> FedImproState:
         mean = jax.random.uniform(key, (num_classes, dim))
