@@ -21,6 +21,8 @@ start from the same weights; the PyTorch ResNet-18 has the same architecture and
 * ``engine``: ``build_experiment(validate(raw))`` and its ``run_rounds``, compiled ahead of time
   (``run_rounds.lower(...).compile()``: the compile time is that call's), with the builder's defaults (cohort
   chunking, convolution lowering) for the backend; for the sweep, one ``build_sweep_program``;
+* ``engine_bf16``: the engine with ``model.precision: bfloat16`` (passes in bfloat16, everything kept in
+  float32);
 * ``engine_runs`` (sweep only): ``build_experiment`` + ``run_rounds`` for each seed in turn, as separate runs;
 * ``jax_loop``: a Python loop over the cohort calling one jitted ``train_locally`` per client, then a jitted
   server update (``fedavg_cnn_throughput.jax_loop_way``); compile time = first call - steady call;
@@ -86,7 +88,7 @@ sys.path.insert(0, str(BENCH))
 import fedavg_mlp_throughput as mlp_bench  # stdlib-only at import time; its helpers are reused
 
 MODELS = ("mlp", "simple_cnn", "resnet18")
-WAYS = ("engine", "jax_loop", "torch_loop")
+WAYS = ("engine", "engine_bf16", "jax_loop", "torch_loop")
 NUM_CLIENTS = 1000
 SERVER_LR = 1.0
 # model -> (dataset, model config, batch size, client learning rate); batch sizes divide the clients' 60 / 50.
@@ -106,13 +108,13 @@ log = mlp_bench.log
 
 
 def raw_config(model: str, cohort: int, local_steps: int, seed: int = 0,
-               chunk_size: int | None = None) -> dict:
+               chunk_size: int | None = None, precision: str = "float32") -> dict:
     """The config dict of a workload, as a user writes it."""
     dataset, model_cfg, batch, lr = WORKLOADS[model]
     raw = {
         "seed": seed,
         "dataset": {"name": dataset, "partition": {"name": "iid", "num_clients": NUM_CLIENTS}},
-        "model": dict(model_cfg),
+        "model": {**model_cfg, "precision": precision},
         "algorithm": {"name": "fedavg", "server_learning_rate": SERVER_LR},
         "client": {"optimizer": "sgd", "learning_rate": lr, "batch_size": batch, "local_steps": local_steps},
         "rounds": {"num_rounds": 1000, "clients_per_round": cohort},
@@ -131,7 +133,8 @@ def examples_per_round(model: str, cohort: int, local_steps: int) -> int:
 # Worker side (each configuration runs in a fresh subprocess)
 # ------------------------------------------------------------------------------------------------------------
 
-def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: int | None = None):
+def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: int | None = None,
+          precision: str = "float32"):
     """``build_experiment(validate(raw))``; when the builder refuses the default cohort layout for memory (a
     big model with the whole cohort vmapped on a GPU), the largest chunk size that it accepts."""
     from fedjax_lab.experiments import validate
@@ -139,14 +142,14 @@ def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: 
     from fedjax_lab.experiments.config import ConfigError
 
     try:
-        return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk_size)))
+        return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk_size, precision)))
     except ConfigError as exc:
         if chunk_size is not None or "chunk_size" not in str(exc):
             raise
         log(f"default cohort layout refused ({str(exc)[:120]}...); trying smaller chunks")
     for chunk in sorted({d for d in range(1, cohort) if cohort % d == 0}, reverse=True):
         try:
-            return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk)))
+            return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk, precision)))
         except ConfigError as exc:
             if "chunk_size" not in str(exc):
                 raise
@@ -438,9 +441,10 @@ def run_worker(cfg: dict) -> dict:
 
         out.update(member_chunk=chunk, cohort_chunk=program.experiment.plan.chunk_size)
     else:
-        experiments = [build(model, m, steps, seed, cfg.get("chunk_size")) for seed in seeds]
+        precision = "bfloat16" if way == "engine_bf16" else "float32"
+        experiments = [build(model, m, steps, seed, cfg.get("chunk_size"), precision) for seed in seeds]
         calls = []
-        if way == "engine":
+        if way in ("engine", "engine_bf16"):
             compile_s, out["xla_run_rounds_flops"], out["xla_temp_mb"] = 0.0, [], []
             for experiment in experiments:
                 c, secs, flops, temp = engine_call(experiment, rounds)
@@ -801,7 +805,7 @@ def main(argv=None) -> None:
                for way in args.ways]
     if "mlp" in models and sweep_seeds > 0:
         ways = ((["engine", "engine_runs"] if "engine" in args.ways else [])
-                + [w for w in args.ways if w != "engine"])
+                + [w for w in args.ways if w not in ("engine", "engine_bf16")])
         configs += [dict(base, model="mlp", cohort=10, way=way, sweep=True, members=sweep_seeds)
                     for way in ways]
 
