@@ -2,12 +2,11 @@
 
 Every float field of ``client``, ``algorithm`` (plug-ins included) and ``privacy`` is a *data field*: the
 learning rates, the server optimiser's coefficients, ``mu``, ``alpha``, ``rho``, FedWalk's ``tau``, the noise
-multiplier and the like. A run carries
-their values as a flat dict ``{dotted.path: float32 array}`` (:func:`hyperparams`) in its ``RoundInputs``;
-inside the compiled round the algorithm is built from the config with those values substituted
-(:func:`with_values`), after the learning-rate schedules have been applied for the round (:func:`values_at`).
-So changing a value does not recompile, and many values run as one vmapped program
-(``fedjax_lab/experiments/sweep.py``).
+multiplier and the like. A run carries their values as a flat dict ``{dotted.path: float32 array}``
+(:func:`hyperparams`) in its ``RoundInputs``; inside the compiled round the algorithm is built from the config
+with those values substituted (:func:`with_values`), after the learning-rate schedules have been applied for
+the round (:func:`values_at`). So changing a value does not recompile, and many values run as one vmapped
+program (``fedjax_lab/experiments/sweep.py``).
 
 Structure is never data: which optimiser, whether it has a momentum buffer, the number of steps, the model.
 Builders read values arithmetically and decide structure from the static config.
