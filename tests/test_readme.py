@@ -21,7 +21,8 @@ BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.DOTALL)
 TINY = {  # per config: the overrides that make its runs take seconds (replacing the README's value of a key)
     "configs/synthetic_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1"],
     "configs/privacy/synthetic_dp_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1",
-                                                "client.local_epochs=1"],
+                                                "client.local_epochs=1", "dataset.num_clients=100",
+                                                "rounds.clients_per_round=10", "privacy.delta=1e-3"],
     "configs/cifar10_fedavg.yaml": ["dataset.partition={name: iid, num_clients: 4}",
                                     "rounds.clients_per_round=2", "rounds.num_rounds=2", "eval.every=1",
                                     "client.local_epochs=1"],
