@@ -2,9 +2,14 @@
 loops.
 
 Workload: ``configs/cifar10_fedavg.yaml`` (real CIFAR-10 from ../shared/data, 100 clients from Dirichlet(0.5),
-cohorts of 10, batch 64, SGD lr 0.01 momentum 0.9, per-channel standardisation) with a fixed number of local
-steps per client (``--steps``, default 8 and 40) so that every way does the same work:
-``examples/round = 10 clients x steps x 64``.
+cohorts of 10, batch 64, SGD lr 0.01 momentum 0.9, weight decay 1e-5, per-channel standardisation), with
+
+* a fixed number of local steps per client (``--steps``, default 8 and 40), so that every client does the
+  same work: ``examples/round = 10 clients x steps x 64``;
+* NIID-Bench's own budget, local epochs (``--epochs``, default 1): client k takes ``ceil(n_k / 64)`` steps,
+  the last on a partial batch, so the clients of a round do unequal work (their sizes range over about 30x).
+  ``examples/round`` is the sum of the cohort's ``n_k``, the examples every way trains on; each timed call
+  runs the same rounds (the same cohorts) in every way.
 
 Ways, same data, partition, cohorts, initial weights and hyper-parameters:
 
@@ -20,20 +25,25 @@ Ways, same data, partition, cohorts, initial weights and hyper-parameters:
   examples/s: run this benchmark on an otherwise idle machine.)
 
 Ways are timed in interleaved repetitions (each repetition times every way once), so slow drifts of a shared
-machine hit all of them alike; the table reports medians. This is a benchmark, not a test.
+machine hit all of them alike; the table reports medians. Each way runs in a process of its own, waiting on a
+pipe while the others run (``--in-process`` puts them in one: there PyTorch's OpenMP threads, spinning after
+each operation, slowed the engine by about a third). This is a benchmark, not a test.
 
 Usage::
 
     python benchmarks/fedavg_cnn_throughput.py                 # about 10 minutes on 2 cores
     python benchmarks/fedavg_cnn_throughput.py --steps 8 --reps 2 --rounds 2   # quick
+    python benchmarks/fedavg_cnn_throughput.py --steps --epochs 1 --ways engine torch_loop  # epochs only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,8 +69,28 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def build(steps: int, lowering: str, chunk: int | None):
-    overrides = ["client.local_epochs=null", f"client.local_steps={steps}", f"model.lowering={lowering}"]
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A client's local budget: ``steps`` steps for every client, or ``epochs`` passes over its data."""
+
+    steps: int | None = None
+    epochs: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.steps}" if self.steps is not None else f"E{self.epochs}"
+
+    def overrides(self) -> list[str]:
+        if self.steps is not None:
+            return ["client.local_epochs=null", f"client.local_steps={self.steps}"]
+        return ["client.local_steps=null", f"client.local_epochs={self.epochs}"]
+
+    def client_steps(self, num_examples: int, batch_size: int) -> int:
+        return self.steps if self.steps is not None else self.epochs * -(-num_examples // batch_size)
+
+
+def build(budget: Budget, lowering: str, chunk: int | None):
+    overrides = [*budget.overrides(), f"model.lowering={lowering}"]
     if chunk:
         overrides.append(f"rounds.chunk_size={chunk}")
     return build_experiment(load_config(CONFIG, overrides))
@@ -85,12 +115,28 @@ def cohorts(experiment, count: int) -> list[np.ndarray]:
                                               plan.num_clients, plan.cohort_size)) for r in range(count)]
 
 
-def jax_loop_way(experiment, steps: int, rounds: int):
-    """Per-client Python loop over a jitted ``train_locally`` (the engine's keys), jitted server update."""
+def examples_per_call(experiment, budget: Budget, rounds: int, calls: int) -> list[int]:
+    """The examples each of the first ``calls`` calls of ``rounds`` rounds trains on (every way runs the same
+    rounds, so the same cohorts, in its n-th call)."""
+    batch, counts = experiment.config.client.batch_size, experiment.dataset.client_train_counts
+    plan = cohorts(experiment, rounds * calls)
+
+    def examples(k):  # the rows client k's steps read: its epochs, or `steps` batches of B
+        n = int(counts[k])
+        return budget.epochs * n if budget.epochs is not None else budget.steps * batch
+
+    return [sum(examples(k) for r in range(c * rounds, (c + 1) * rounds) for k in plan[r])
+            for c in range(calls)]
+
+
+def jax_loop_way(experiment, steps: int | None, rounds: int, epochs: int | None = None):
+    """Per-client Python loop over a jitted ``train_locally`` (the engine's keys), jitted server update;
+    ``steps`` local steps, or ``epochs`` local epochs when ``steps`` is None."""
     cfg = experiment.config
-    schedule = LocalSchedule(cfg.client.batch_size, local_steps=steps,
+    schedule = LocalSchedule(cfg.client.batch_size, local_steps=steps, local_epochs=epochs,
                              min_examples=experiment.dataset.min_examples)
-    client_opt = optax.sgd(cfg.client.learning_rate, momentum=cfg.client.momentum)
+    client_opt = optax.chain(optax.add_decayed_weights(cfg.client.weight_decay),
+                             optax.sgd(cfg.client.learning_rate, momentum=cfg.client.momentum))
     server_opt = optax.sgd(1.0)
     inputs, loss = experiment.inputs, experiment.classifier.loss
 
@@ -124,8 +170,10 @@ def jax_loop_way(experiment, steps: int, rounds: int):
     return call
 
 
-def torch_loop_way(experiment, steps: int, rounds: int, threads: int):
-    """The conventional PyTorch per-client loop with the same model, data, cohorts and initial weights."""
+def torch_loop_way(experiment, steps: int | None, rounds: int, threads: int, epochs: int | None = None):
+    """The conventional PyTorch per-client loop with the same model, data, cohorts and initial weights:
+    ``steps`` SGD steps a client, or ``epochs`` epochs of ``ceil(n_k / B)`` batches (the last one partial, as
+    a ``DataLoader`` without ``drop_last``) when ``steps`` is None."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -174,11 +222,13 @@ def torch_loop_way(experiment, steps: int, rounds: int, threads: int):
             with torch.no_grad():
                 for q, g in zip(params, global_params):
                     q.copy_(g)
-            opt = torch.optim.SGD(params, lr=cfg.client.learning_rate, momentum=cfg.client.momentum)
-            epochs = -(-steps * batch // len(r))
-            order = torch.cat([torch.randperm(len(r), generator=gen) for _ in range(epochs + 1)])
+            opt = torch.optim.SGD(params, lr=cfg.client.learning_rate, momentum=cfg.client.momentum,
+                                  weight_decay=cfg.client.weight_decay)
             per_epoch = -(-len(r) // batch)
-            for s in range(steps):
+            num_steps = steps if steps is not None else epochs * per_epoch
+            order = torch.cat([torch.randperm(len(r), generator=gen)
+                               for _ in range(-(-num_steps // per_epoch))])
+            for s in range(num_steps):
                 e, i = divmod(s, per_epoch)
                 idx = r[order[e * len(r):(e + 1) * len(r)][i * batch:(i + 1) * batch]]
                 opt.zero_grad(set_to_none=True)
@@ -198,52 +248,142 @@ def torch_loop_way(experiment, steps: int, rounds: int, threads: int):
     return call
 
 
-def measure(steps: int, args) -> dict:
-    log(f"building the experiment ({steps} local steps)")
-    engine = build(steps, "auto", args.chunk)
-    ways = {"engine": engine_way(engine, args.rounds)}
-    if "engine_naive" in args.ways:
-        ways["engine_naive"] = engine_way(build(steps, "xla", engine.plan.cohort_size), args.naive_rounds)
-    if "jax_loop" in args.ways:
-        ways["jax_loop"] = jax_loop_way(engine, steps, args.rounds)
+def make_way(name: str, engine, budget: Budget, args):
+    """``(call, rounds per call)`` of one way, built on ``engine`` (the experiment every way shares)."""
+    steps, epochs = budget.steps, budget.epochs
+    if name == "engine":
+        return engine_way(engine, args.rounds), args.rounds
+    if name == "engine_naive":
+        return engine_way(build(budget, "xla", engine.plan.cohort_size), args.naive_rounds), args.naive_rounds
+    if name == "jax_loop":
+        return jax_loop_way(engine, steps, args.rounds, epochs=epochs), args.rounds
+    if name.startswith("torch_loop_"):
+        threads = int(name.removeprefix("torch_loop_").removesuffix("t"))
+        return torch_loop_way(engine, steps, args.rounds, threads, epochs=epochs), args.rounds
+    raise ValueError(f"unknown way {name!r}")
+
+
+def way_names(args) -> list[str]:
+    names = [w for w in args.ways if w != "torch_loop"]
     if "torch_loop" in args.ways:
-        for threads in args.torch_threads:
-            ways[f"torch_loop_{threads}t"] = torch_loop_way(engine, steps, args.rounds, threads)
-    rounds = {name: (args.naive_rounds if name == "engine_naive" else args.rounds) for name in ways}
-    examples_per_round = engine.plan.cohort_size * steps * engine.config.client.batch_size
-    first, times = {}, {name: [] for name in ways}
-    for name, call in ways.items():
-        t = time.perf_counter()
+        names += [f"torch_loop_{t}t" for t in args.torch_threads]
+    return names
+
+
+def worker(args) -> None:
+    """One way in a process of its own: builds it, makes its first call, then times one call for every
+    ``run`` line on stdin, answering with a JSON line on stdout."""
+    kind, _, value = args.worker_budget.partition(":")
+    budget = Budget(**{kind: int(value)})
+    engine = build(budget, "auto", args.chunk)
+    call, rounds = make_way(args.worker, engine, budget, args)
+    examples = examples_per_call(engine, budget, rounds, args.reps + 1)
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    print(json.dumps({"first_call_s": first, "rounds": rounds, "examples": examples,
+                      "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
+                      "lowering": engine.classifier.module.lowering}),
+          flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        start = time.perf_counter()
         call()
-        first[name] = time.perf_counter() - t
-        log(f"  {name}: first call (compile + run) {first[name]:.1f} s")
-    for rep in range(args.reps):
-        for name, call in ways.items():
-            t = time.perf_counter()
+        print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
+
+
+class Worker:
+    """A subprocess running :func:`worker` for one way."""
+
+    def __init__(self, name: str, budget: Budget, args):
+        kind = "steps" if budget.steps is not None else "epochs"
+        value = budget.steps if budget.steps is not None else budget.epochs
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", name,
+                   "--worker-budget", f"{kind}:{value}", "--rounds", str(args.rounds),
+                   "--naive-rounds", str(args.naive_rounds), "--reps", str(args.reps)]
+        command += ["--chunk", str(args.chunk)] if args.chunk else []
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker {self.process.args[3]} stopped (exit {self.process.wait()})")
+        return json.loads(line)
+
+    def time_call(self) -> float:
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        return self._answer()["seconds"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def measure(budget: Budget, args) -> dict:
+    """Every way's examples/s, timed in interleaved repetitions: each repetition times one call of every way
+    in turn. Each way runs in a process of its own unless ``--in-process``: a PyTorch thread pool in the
+    engine's process (its OpenMP threads spin after each operation) slowed the engine by a third."""
+    log(f"building the ways (local budget {budget.name}{'' if budget.steps is not None else ' epochs'})")
+    names = way_names(args)
+    if args.in_process:
+        engine = build(budget, "auto", args.chunk)
+        built = {name: make_way(name, engine, budget, args) for name in names}
+        ready, timers = {}, {}
+        for name, (call, rounds) in built.items():
+            start = time.perf_counter()
             call()
-            times[name].append(time.perf_counter() - t)
+            ready[name] = {"first_call_s": time.perf_counter() - start, "rounds": rounds,
+                           "examples": examples_per_call(engine, budget, rounds, args.reps + 1),
+                           "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
+                           "lowering": engine.classifier.module.lowering}
+
+            def timer(call=call):
+                start = time.perf_counter()
+                call()
+                return time.perf_counter() - start
+
+            timers[name] = timer
+        workers = []
+    else:
+        workers = [Worker(name, budget, args) for name in names]
+        ready = {name: w.ready for name, w in zip(names, workers)}
+        timers = {name: w.time_call for name, w in zip(names, workers)}
+    for name in names:
+        log(f"  {name}: first call (compile + run) {ready[name]['first_call_s']:.1f} s")
+    times = {name: [] for name in names}
+    for rep in range(args.reps):
+        for name in names:
+            times[name].append(timers[name]())
         log(f"  rep {rep + 1}/{args.reps}: " + ", ".join(
-            f"{n} {rounds[n] * examples_per_round / times[n][-1]:,.0f} ex/s" for n in ways))
+            f"{n} {ready[n]['examples'][rep + 1] / times[n][-1]:,.0f} ex/s" for n in names))
+    for w in workers:
+        w.close()
     out = {}
-    for name in ways:
-        med, best = statistics.median(times[name]), min(times[name])
-        out[name] = {"examples_per_s": rounds[name] * examples_per_round / med,
-                     "examples_per_s_best": rounds[name] * examples_per_round / best,
-                     "seconds_per_round": med / rounds[name], "first_call_s": first[name],
-                     "rounds_per_call": rounds[name], "seconds_per_call": times[name]}
+    for name in names:
+        rates = [e / t for e, t in zip(ready[name]["examples"][1:], times[name])]
+        out[name] = {"examples_per_s": statistics.median(rates), "examples_per_s_best": max(rates),
+                     "examples_per_s_each": rates,
+                     "seconds_per_round": statistics.median(times[name]) / ready[name]["rounds"],
+                     "first_call_s": ready[name]["first_call_s"], "rounds_per_call": ready[name]["rounds"],
+                     "seconds_per_call": times[name], "examples_per_call": ready[name]["examples"][1:]}
     # The baseline is the faster of the PyTorch thread settings.
     torch_eps = max((r["examples_per_s"] for n, r in out.items() if n.startswith("torch_loop")), default=None)
     for name, result in out.items():
         result["vs_torch"] = result["examples_per_s"] / torch_eps if torch_eps else None
-    out["_workload"] = {"steps": steps, "examples_per_round": examples_per_round,
-                        "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
-                        "lowering": engine.classifier.module.lowering}
+    engine = ready["engine"] if "engine" in ready else next(iter(ready.values()))
+    out["_workload"] = {"steps": budget.steps, "epochs": budget.epochs, "cohort": engine["cohort"],
+                        "chunk_size": engine["chunk_size"], "lowering": engine["lowering"],
+                        "isolated": not args.in_process}
     return out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, nargs="+", default=[8, 40], help="local steps per client")
+    ap.add_argument("--steps", type=int, nargs="*", default=[8, 40], help="local steps per client")
+    ap.add_argument("--epochs", type=int, nargs="*", default=[1], help="local epochs per client (NIID-Bench)")
     ap.add_argument("--ways", nargs="+", default=["engine", "engine_naive", "jax_loop", "torch_loop"])
     ap.add_argument("--rounds", type=int, default=3, help="rounds per timed call")
     ap.add_argument("--naive-rounds", type=int, default=1, help="rounds per timed call of engine_naive")
@@ -252,11 +392,22 @@ def main(argv=None) -> None:
                     help="engine rounds.chunk_size (default: the builder's)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2],
                     help="PyTorch intra-op threads; the ratio is against the fastest")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every way in this process (by default each way runs in a subprocess of its own)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-budget", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
     info = machine_info()
+    budgets = [*(Budget(steps=n) for n in args.steps), *(Budget(epochs=n) for n in args.epochs)]
+    import fedjax_lab  # which checkout ran (a worktree on PYTHONPATH measures another commit)
+
+    info["fedjax_lab"] = str(Path(fedjax_lab.__file__).parent)
+    log(f"fedjax_lab from {info['fedjax_lab']}")
     results = {"benchmark": "fedavg_cnn_throughput", "date": _dt.date.today().isoformat(), "machine": info,
-               "args": vars(args), "results": {str(s): measure(s, args) for s in args.steps}}
+               "args": vars(args), "results": {b.name: measure(b, args) for b in budgets}}
     print(f"\nFedAvg, simple-CNN, CIFAR-10, cohort 10, batch 64 on {info.get('cpu_model')} "
           f"({info.get('cores_available')} cores), jax {info['versions']['jax']}, torch "
           f"{info['versions']['torch']}")

@@ -21,6 +21,7 @@ from fedjax_lab.models import (
     LogisticRegression,
     ResNet,
     SimpleCNN,
+    layers,
     resnet8,
     resnet18,
 )
@@ -107,17 +108,29 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
 
 @pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
 def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
-    """Whole-width slices reshaped into bands (the lowering's fast gradient) read the same columns as one
-    slice per band, also where the last slice runs past the input (padded), and the convolution's gradients
-    match."""
+    """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies)
+    read the same columns as one slice per band, also where the last slice runs past the input (padded);
+    ``band_rows``' own gradient equals the one-slice-per-band form's, also vmapped; and the convolution's
+    gradients match XLA's."""
     from fedjax_lab.models.layers import band_rows, band_width
 
     x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
     wb = band_width(width - kw + 1, kw)
     bands = (width - kw + 1) // wb
-    per_band = jnp.stack([jnp.stack([x[:, i:i + 4, n * wb:n * wb + wb + kw - 1] for n in range(bands)], 2)
+
+    def per_band(x):
+        return jnp.stack([jnp.stack([x[:, i:i + 4, n * wb:n * wb + wb + kw - 1] for n in range(bands)], 2)
                           for i in range(3)], 3)
-    np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band)
+
+    np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb), per_band(x))
+    np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band(x))
+    cotangent = jax.random.normal(jax.random.key(2), per_band(x).shape)
+    expected = jax.vjp(per_band, x)[1](cotangent)[0]
+    np.testing.assert_allclose(jax.vjp(lambda x: band_rows(x, 3, kw, wb), x)[1](cotangent)[0], expected,
+                               rtol=1e-5, atol=1e-5)
+    vmapped = jax.vmap(lambda x, g: jax.vjp(lambda x: band_rows(x, 3, kw, wb), x)[1](g)[0])
+    np.testing.assert_allclose(vmapped(jnp.stack([x, 2 * x]), jnp.stack([cotangent, -cotangent]))[1],
+                               -expected, rtol=1e-5, atol=1e-5)
     banded, xla = Conv(4, (3, kw), "VALID", lowering="banded"), Conv(4, (3, kw), "VALID", lowering="xla")
     params = xla.init(jax.random.key(1), x)
     grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)

@@ -6,6 +6,7 @@ compare them); which is fastest depends on the backend (see docs/benchmarks.md).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -66,16 +67,17 @@ def band_width(out_width: int, kw: int) -> int:
     return max(d for d in range(1, kw + 1) if out_width % d == 0)
 
 
-def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
-    """The inputs each band of ``wb`` output columns reads, ``[B, out_h, bands, kh, wb + kw - 1, C]``.
+def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
+    """Band inputs ``[B, out_h, bands, kh, span, C]`` as one slice of ``x`` per band and kernel row."""
+    out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    span = wb + kw - 1
+    return jnp.stack([jnp.stack([x[:, i:i + out_h, n * wb:n * wb + span] for n in range(out_w // wb)], 2)
+                      for i in range(kh)], 3)
 
-    Band ``n`` reads columns ``n wb .. n wb + span - 1``. These are taken ``wb`` columns at a time:
-    ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands, rather than one slice per
-    band. The values are the same. The gradient, the transpose of the slices, then sums ``kh ceil(span / wb)``
-    shifted copies of the input instead of ``kh x bands``, which XLA's CPU backend materialises one by one
-    wherever the gradient has several uses: FedCOG's generation step runs 2 to 4x faster, and the CNN3 and
-    Feddle CNN training steps 3.7x and 1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md).
-    """
+
+def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
+    """The same band inputs as ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into
+    bands."""
     b, h, w, c = x.shape
     out_h, out_w = h - kh + 1, w - kw + 1
     bands, span = out_w // wb, wb + kw - 1
@@ -86,6 +88,37 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
                                  for q in range(blocks)], 3)
                       for i in range(kh)], 3)  # [B, out_h, bands, kh, blocks, wb, C]
     return rows.reshape(b, out_h, bands, kh, blocks * wb, c)[:, :, :, :, :span]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
+    """The inputs each band of ``wb`` output columns reads, ``[B, out_h, bands, kh, wb + kw - 1, C]``: band
+    ``n`` reads columns ``n wb .. n wb + span - 1``.
+
+    The values are taken one slice per band and kernel row, the fastest forward pass. The gradient with
+    respect to ``x`` (the transpose of the slices: shifted copies of the cotangent, summed) is that of the
+    whole-width form wherever it has fewer copies: ``kh ceil(span / wb)`` slices ``wb`` columns at a time
+    instead of ``kh x bands``. XLA's CPU backend materialises the copies one by one wherever the gradient has
+    several uses: FedCOG's generation step runs 2 to 4x faster, and the CNN3 and Feddle CNN training steps
+    3.7x and 1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md). Taking the forward values the
+    whole-width way too cost the simple-CNN's FedAvg round 1.2x, and where nothing asks for the input's
+    gradient (a first layer in training) the backward pass is not computed at all.
+    """
+    return _bands_one_slice_each(x, kh, kw, wb)
+
+
+def _band_rows_forward(x, kh, kw, wb):
+    return _bands_one_slice_each(x, kh, kw, wb), None
+
+
+def _band_rows_backward(kh, kw, wb, _, rows_cotangent):
+    b, out_h, bands, _, span, c = rows_cotangent.shape
+    x = jax.ShapeDtypeStruct((b, out_h + kh - 1, bands * wb + kw - 1, c), rows_cotangent.dtype)
+    form = _bands_whole_width if bands > -(-span // wb) else _bands_one_slice_each
+    return jax.linear_transpose(functools.partial(form, kh=kh, kw=kw, wb=wb), x)(rows_cotangent)
+
+
+band_rows.defvjp(_band_rows_forward, _band_rows_backward)
 
 
 def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
