@@ -17,6 +17,10 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # xdist worker has its own, which the subprocesses it starts share, so that no worker reads an entry another
 # is still writing. Fresh directories each session, removed at its end, so that the suite's time is a fresh
 # machine's.
+# Builds keep the hand-written layout rules unless a test asks for measurement (tests/test_layout_choice.py):
+# timing candidate layouts would compile every test's round several times.
+os.environ["FEDJAX_LAB_LAYOUT"] = "rules"
+
 _CACHE_MADE_HERE = "FEDJAX_LAB_TEST_XLA_CACHE" not in os.environ
 if _CACHE_MADE_HERE:  # the controller (or a run without xdist)
     os.environ["FEDJAX_LAB_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="fedjax_lab_tests_xla_cache_")

@@ -33,9 +33,9 @@ from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes
-from fedjax_lab.experiments import hyperparams, privacy
+from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.algorithms import is_reference, make_algorithm_at
-from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier
+from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier, default_lowering
 from fedjax_lab.experiments.config import Config, ConfigError, cohort_layout_problems, distributed_settings
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
 from fedjax_lab.experiments.evaluators import build_evaluators
@@ -103,6 +103,7 @@ class Experiment:
     dissimilarity_evaluator: DissimilarityEvaluator | None = None
     messages: Any = None  # one client's message shapes, traced once at build (they size the memory estimates)
     epsilons: dict[int, float] = dataclasses.field(default_factory=dict)  # ε after the rounds that report it
+    layout: dict = dataclasses.field(default_factory=dict)  # how the layout was chosen (layout.choose_layout)
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -167,6 +168,45 @@ def build_experiment(config: Config) -> Experiment:
     if config.rounds.clients_per_round > dataset.num_clients and not is_reference(config):
         raise ConfigError(f"rounds.clients_per_round must be <= the number of clients "
                           f"({dataset.num_clients}), got {config.rounds.clients_per_round}")
+    if config.rounds.layout == "measure" and not is_reference(config):
+        return _measured_layout(config, dataset)
+    return _assemble(config, dataset)
+
+
+def rules_layout(config: Config, share: int) -> layout.Layout:
+    """The layout the hand rules give a cohort share: ``default_lowering`` (``im2col`` for the ResNets on
+    CPU) and ``default_chunk_size``, or the explicit settings."""
+    lowering = None
+    if config.model.name in CONV_MODELS:
+        lowering = config.model.lowering
+        if lowering == "auto":
+            lowering = default_lowering(jax.default_backend())
+            if lowering == "banded" and config.model.name.startswith("resnet"):
+                lowering = "im2col"
+    chunk = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(), config.model.name)
+    return layout.Layout(lowering, chunk or share)
+
+
+def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
+    """:func:`_assemble` with the unset lowering and chunk chosen by measurement (:mod:`.layout`)."""
+    cohort = config.rounds.clients_per_round
+    if config.privacy is not None:
+        mechanism = privacy.mechanism_of(privacy.resolve(config, dataset.num_clients), dataset.num_clients)
+        cohort = mechanism.slots if mechanism.sampling == "poisson" else cohort
+    num = len(jax.devices()) if config.parallel.devices == "all" else config.parallel.devices
+    share = cohort // num if num > 1 and cohort % num == 0 else cohort
+    lowerings = layout.LOWERINGS if not config.model.name.startswith("resnet") else ("xla", "im2col")
+    chosen, info = layout.choose_layout(
+        config, rules=rules_layout(config, share), conv_model=config.model.name in CONV_MODELS, share=share,
+        input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings)
+    if info["how"] == "explicit":
+        return dataclasses.replace(_assemble(config, dataset), layout=info)
+    experiment = _assemble(layout.with_layout(config, chosen), dataset)
+    return dataclasses.replace(experiment, config=config, layout=info)
+
+
+def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
+    """:func:`build_experiment` from the dataset on."""
     classifier = build_classifier(config, dataset)
     cohort, sampling_rate = 1 if is_reference(config) else config.rounds.clients_per_round, None
     if config.privacy is not None:

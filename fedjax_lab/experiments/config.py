@@ -196,8 +196,9 @@ class ModelConfig(Section):
     norm: Literal["batch", "group", "none"] = Field("batch", description="resnet8, resnet18")
     groups: PositiveInt = Field(2, description="GroupNorm groups")
     lowering: Literal["auto", "xla", "im2col", "banded"] = Field(
-        "auto", description="CNN and ResNet convolutions (speed only); auto: banded on CPU (im2col for "
-                            "ResNets), xla elsewhere")
+        "auto", description="CNN and ResNet convolutions (speed only); auto: chosen by measurement "
+                            "(rounds.layout), under the rules banded on CPU (im2col for ResNets), xla "
+                            "elsewhere")
     l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
     embed_dim: PositiveInt = Field(8, description="char_rnn")
     rnn_hidden: PositiveInt = Field(256, description="char_rnn")
@@ -257,6 +258,15 @@ def cohort_layout_problems(clients_per_round: int, devices: int, chunk_size: int
              f"{devices} devices), got {chunk_size}")]
 
 
+def _layout_from_environment() -> str:
+    """``rounds.layout``'s default: ``$FEDJAX_LAB_LAYOUT``, else ``measure``."""
+    layout = os.environ.get("FEDJAX_LAB_LAYOUT", "measure")
+    if layout not in ("measure", "rules"):
+        raise ValueError(f"FEDJAX_LAB_LAYOUT (the default of rounds.layout) must be 'measure' or 'rules', "
+                         f"got {layout!r}")
+    return layout
+
+
 class RoundsConfig(Section):
     """The rounds of a run and each round's cohort."""
 
@@ -264,10 +274,16 @@ class RoundsConfig(Section):
     clients_per_round: PositiveInt = Field(10, description="the cohort: clients sampled (without "
                                                            "replacement) each round")
     chunk_size: PositiveInt | None = Field(None, description="clients trained at once; must divide "
-                                             "clients_per_round. Unset: on CPU 1 for CNNs and 2 otherwise, "
-                                             "the whole cohort elsewhere. Never changes results beyond float "
-                                             "rounding")
+                                             "clients_per_round. Unset: chosen by measurement "
+                                             "(rounds.layout), under the rules on CPU 1 for CNNs and 2 "
+                                             "otherwise, the whole cohort elsewhere. Never changes results "
+                                             "beyond float rounding")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
+    layout: Literal["measure", "rules"] = Field(
+        default_factory=_layout_from_environment,
+        description="measure: the unset model.lowering and chunk_size are chosen by timing the candidates "
+                    "(cached per device, model and shapes; docs/scale.md); rules: the hand rules. Default "
+                    "$FEDJAX_LAB_LAYOUT, else measure. Speed only")
 
     @model_validator(mode="after")
     def _chunk_divides(self):

@@ -54,6 +54,10 @@ def _type(annotation: Any) -> str:
 
 
 def _default(field) -> str:
+    if field.default_factory is schema._layout_from_environment:
+        return "`measure` (`$FEDJAX_LAB_LAYOUT`)"
+    if field.default_factory is not None:
+        return f"`{field.default_factory()!r}`"
     if field.default is PydanticUndefined:
         return "required"
     value = field.default

@@ -160,6 +160,8 @@ def _run(config: Config, run_dir: Path, resume: bool, overwrite: bool, progress:
               "(its results are unchanged)", file=sys.stderr)
         return json.loads(finished.read_text())
     experiment = experiment or build_experiment(config)
+    if experiment.layout:  # which layout runs, and why (this start's: a resume may choose again)
+        write_atomically(run_dir / "layout.json", json.dumps(experiment.layout, indent=1) + "\n")
     directory = RunDirectory(run_dir, config.checkpoint.keep)
     state = experiment.initial_state()
     if resumed:

@@ -67,6 +67,10 @@ def band_width(out_width: int, kw: int) -> int:
     return max(d for d in range(1, kw + 1) if out_width % d == 0)
 
 
+def _blocks(span: int, wb: int) -> int:
+    return -(-span // wb)  # ceil
+
+
 def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     """Band inputs ``[B, out_h, bands, kh, span, C]`` as one slice of ``x`` per band and kernel row."""
     out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
@@ -81,7 +85,7 @@ def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     b, h, w, c = x.shape
     out_h, out_w = h - kh + 1, w - kw + 1
     bands, span = out_w // wb, wb + kw - 1
-    blocks = -(-span // wb)  # ceil
+    blocks = _blocks(span, wb)
     # The last block may run past the input; the columns it reads there lie beyond ``span`` and are dropped.
     x = jnp.pad(x, ((0, 0), (0, 0), (0, (bands + blocks - 1) * wb - w), (0, 0)))
     rows = jnp.stack([jnp.stack([x[:, i:i + out_h, q * wb:(q + bands) * wb].reshape(b, out_h, bands, wb, c)
@@ -90,31 +94,45 @@ def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     return rows.reshape(b, out_h, bands, kh, blocks * wb, c)[:, :, :, :, :span]
 
 
+WIDE_FORWARD = 4  # the forward pass takes whole-width slices where bands > WIDE_FORWARD x blocks
+
+
+def _forward_form(kh: int, kw: int, wb: int, bands: int):
+    return _bands_whole_width if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb) else _bands_one_slice_each
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
 def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     """The inputs each band of ``wb`` output columns reads, ``[B, out_h, bands, kh, wb + kw - 1, C]``: band
     ``n`` reads columns ``n wb .. n wb + span - 1``.
 
-    The values are taken one slice per band and kernel row, the fastest forward pass. The gradient with
-    respect to ``x`` (the transpose of the slices: shifted copies of the cotangent, summed) is that of the
-    whole-width form wherever it has fewer copies: ``kh ceil(span / wb)`` slices ``wb`` columns at a time
-    instead of ``kh x bands``. XLA's CPU backend materialises the copies one by one wherever the gradient has
-    several uses: FedCOG's generation step runs 2 to 4x faster, and the CNN3 and Feddle CNN training steps
-    3.7x and 1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md). Taking the forward values the
-    whole-width way too cost the simple-CNN's FedAvg round 1.2x, and where nothing asks for the input's
-    gradient (a first layer in training) the backward pass is not computed at all.
+    Two constructions give the same values: one slice per band and kernel row (``kh x bands`` slices), or
+    ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands. Their gradients with
+    respect to ``x`` (the transpose of the slices: shifted copies of the cotangent, summed) differ in cost,
+    and so do their forward passes, so each pass takes its own:
+
+    * the gradient takes the whole-width form wherever it has fewer copies (``bands > ceil(span / wb)``).
+      XLA's CPU backend materialises the copies one by one wherever the gradient has several uses: FedCOG's
+      generation step runs 2 to 4x faster, and the CNN3 and Feddle CNN training steps 2 to 3.7x and 1.2 to
+      1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md);
+    * the forward pass takes one slice per band unless the bands outnumber the blocks more than fourfold
+      (Feddle's CNN: 10 to 14 bands of 2 blocks). The whole-width forward pass cost the simple-CNN's FedAvg
+      round 1.2x (7 bands of 2 blocks, and 2 of 2); one slice a band cost Feddle's CNN's training step 1.2x.
+
+    Where nothing asks for the input's gradient (a first layer in training) the backward pass is not
+    computed at all.
     """
-    return _bands_one_slice_each(x, kh, kw, wb)
+    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb)(x, kh, kw, wb)
 
 
 def _band_rows_forward(x, kh, kw, wb):
-    return _bands_one_slice_each(x, kh, kw, wb), None
+    return band_rows(x, kh, kw, wb), None
 
 
 def _band_rows_backward(kh, kw, wb, _, rows_cotangent):
     b, out_h, bands, _, span, c = rows_cotangent.shape
     x = jax.ShapeDtypeStruct((b, out_h + kh - 1, bands * wb + kw - 1, c), rows_cotangent.dtype)
-    form = _bands_whole_width if bands > -(-span // wb) else _bands_one_slice_each
+    form = _bands_whole_width if bands > _blocks(span, wb) else _bands_one_slice_each
     return jax.linear_transpose(functools.partial(form, kh=kh, kw=kw, wb=wb), x)(rows_cotangent)
 
 

@@ -1,0 +1,241 @@
+"""The round's layout chosen by measurement: the convolution lowering and the cohort chunk.
+
+Neither changes what a run computes (beyond float rounding), only how fast. Which is fastest depends on the
+backend, the model and the cohort: on one H100, ResNet-18 at cohort 10 ran 2.1x faster with ``im2col`` than
+with XLA's convolution, while the simple-CNN at cohort 100 ran faster with XLA's; on a 2-core CPU one client
+at a time beats the whole cohort vmapped for CNNs (docs/benchmarks.md). So when ``rounds.layout`` is
+``measure`` (the default) and ``model.lowering`` is ``auto`` or ``rounds.chunk_size`` is unset, the builder
+compiles the candidate layouts, times a round of each with a short local budget (10 steps a client), and
+keeps the fastest, where it beats the rules' layout by 5 % or more (closer is timing noise):
+
+1. the lowerings (XLA's convolution, ``im2col`` and, but for the ResNets, ``banded``; convolutional models
+   only) at the chunk the rules give;
+2. then chunks of 1, 2 and 10 clients and the whole share (the divisors of the share among them) with the
+   fastest lowering.
+
+An explicit setting is never overridden: only the unset ones are measured. A candidate that fails to build or
+to fit the memory budget is skipped, with the reason. The choice, every candidate's time and the reason are
+kept in a cache (``$FEDJAX_LAB_CACHE_DIR/layouts.json``, default ``~/.cache/fedjax_lab``), keyed by what
+decides the speed: the backend, the device kind and count, the versions of jax and fedjax_lab, the model
+section, the input shape, the batch size, the cohort share, the method and its plug-ins. The next build with
+the same key reads it and compiles nothing more. The runner writes the choice to the run directory
+(``layout.json``).
+
+``rounds.layout: rules`` (or ``FEDJAX_LAB_LAYOUT=rules`` in the environment, which sets the default; the test
+suite does) keeps the hand rules: ``default_chunk_size`` and ``default_lowering``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from fedjax_lab.experiments.config import Config, ConfigError
+
+LOWERINGS = ("xla", "im2col", "banded")
+CHUNKS = (1, 2, 10)  # besides the whole share
+MEASURED_STEPS = 10  # local steps a client takes in a measured round
+MARGIN = 1.05  # a candidate replaces the rules' layout only when this much faster (timing noise)
+MIN_SECONDS = 0.2  # each candidate's round is called until this much time has passed (at least twice)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A round's layout: the convolution lowering (``None`` for a model without convolutions) and the clients
+    each device trains at once (its whole share of the cohort at most)."""
+
+    lowering: str | None
+    chunk_size: int
+
+    def label(self) -> str:
+        chunk = f"chunk {self.chunk_size}"
+        return chunk if self.lowering is None else f"{self.lowering}, {chunk}"
+
+
+def cache_path() -> Path:
+    """The layout cache, ``$FEDJAX_LAB_CACHE_DIR/layouts.json`` (default ``~/.cache/fedjax_lab``)."""
+    root = os.environ.get("FEDJAX_LAB_CACHE_DIR") or Path.home() / ".cache" / "fedjax_lab"
+    return Path(root) / "layouts.json"
+
+
+def layout_key(config: Config, input_shape: tuple[int, ...], share: int) -> str:
+    """The cache key: everything the layout's speed depends on, as one JSON string."""
+    import fedjax_lab
+
+    device = jax.devices()[0]
+    plugins = [p.name for p in getattr(config.algorithm, "plugins", ()) or ()]
+    model = config.model.model_dump(mode="json")
+    model.pop("lowering", None)
+    return json.dumps({
+        "backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
+        "devices": config.parallel.devices, "jax": jax.__version__, "fedjax_lab": fedjax_lab.__version__,
+        "model": model, "input_shape": list(input_shape), "batch_size": config.client.batch_size,
+        "share": share, "algorithm": config.algorithm.name, "plugins": plugins,
+        "aggregation": config.parallel.aggregation,
+    }, sort_keys=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_cache(key: str) -> dict | None:
+    """The cached choice for ``key``, or ``None`` (also when the cache is unreadable)."""
+    path = cache_path()
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def write_cache(key: str, entry: dict) -> None:
+    """Adds ``entry`` under ``key`` (a locked read-modify-write, replaced atomically); a cache that cannot be
+    written is skipped, not an error."""
+    path = cache_path()
+    try:
+        with _locked(path):
+            try:
+                table = json.loads(path.read_text())
+            except (OSError, ValueError):
+                table = {}
+            table[key] = entry
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def seconds_per_round(experiment) -> float:
+    """The fastest of repeated calls of one round (after a first call, which compiles it)."""
+    run = experiment.run_rounds
+    state = experiment.initial_state()
+    state, metrics = run(state, experiment.inputs, num_rounds=1)
+    jax.block_until_ready((state, metrics))
+    times, spent = [], 0.0
+    while len(times) < 2 or spent < MIN_SECONDS:
+        start = time.perf_counter()
+        state, metrics = run(state, experiment.inputs, num_rounds=1)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - start)
+        spent += times[-1]
+    return min(times)
+
+
+def measured_config(config: Config, layout: Layout) -> Config:
+    """``config`` with ``layout`` set explicitly, the hand rules, and a short local budget
+    (:data:`MEASURED_STEPS` steps a client)."""
+    client = config.client.model_copy(update={"local_steps": MEASURED_STEPS, "local_epochs": None})
+    return with_layout(config.model_copy(update={"client": client}), layout)
+
+
+def with_layout(config: Config, layout: Layout) -> Config:
+    """``config`` with ``layout``'s lowering (when it has one) and chunk set explicitly, and the rules."""
+    model = config.model if layout.lowering is None else config.model.model_copy(
+        update={"lowering": layout.lowering})
+    rounds = config.rounds.model_copy(update={"chunk_size": layout.chunk_size, "layout": "rules"})
+    return config.model_copy(update={"model": model, "rounds": rounds})
+
+
+def candidate_chunks(share: int, rule: int) -> list[int]:
+    """The rule's chunk, 1, 2, 10 and the whole share, those that divide the share, in that order."""
+    found: list[int] = []
+    for chunk in (rule, *CHUNKS, share):
+        if chunk <= share and share % chunk == 0 and chunk not in found:
+            found.append(chunk)
+    return found
+
+
+def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int,
+                  input_shape: tuple[int, ...], build: Callable[[Config], Any],
+                  lowerings: tuple[str, ...] = LOWERINGS) -> tuple[Layout, dict]:
+    """The fastest layout for ``config`` and what was measured: ``(layout, info)``.
+
+    Args:
+      rules: what the hand rules give (the lowering ``None`` for a model without convolutions).
+      conv_model: whether the model has convolutions, so a lowering to choose.
+      lowerings: the candidate lowerings (the ResNets leave out ``banded``: 3x3 kernels over 32 columns
+        would multiply about 10x the FLOPs).
+      share: the clients of a cohort each device trains.
+      input_shape: one example's input shape (part of the cache key).
+      build: builds the experiment of a config (with its layout explicit); it raises ``ConfigError`` when a
+        candidate does not fit.
+
+    ``info`` says how the layout was chosen (``"how"``: ``explicit``, ``measured`` or ``cached``), why (a
+    sentence), the cache key, and every candidate's seconds per measured round (or why it was skipped).
+    """
+    free_lowering = conv_model and config.model.lowering == "auto"
+    free_chunk = config.rounds.chunk_size is None and share > 1
+    if not (free_lowering or free_chunk):
+        return rules, {"how": "explicit", "layout": dataclasses.asdict(rules),
+                       "why": "model.lowering and rounds.chunk_size are set (or there is nothing to choose)"}
+    key = layout_key(config, input_shape, share)
+    cached = read_cache(key)
+    if cached is not None:
+        layout = Layout(**cached["layout"])
+        return layout, {**cached, "how": "cached", "cache": str(cache_path()), "key": json.loads(key)}
+    timings: dict[str, Any] = {}
+
+    def measure(layout: Layout) -> float:
+        label = layout.label()
+        if label not in timings:
+            try:
+                timings[label] = seconds_per_round(build(measured_config(config, layout)))
+            except (ConfigError, MemoryError) as exc:
+                timings[label] = f"skipped: {exc}"
+            except Exception as exc:  # an accelerator's out-of-memory is an XlaRuntimeError
+                if "RESOURCE_EXHAUSTED" not in str(exc) and "Out of memory" not in str(exc):
+                    raise
+                timings[label] = f"skipped: out of memory ({str(exc).splitlines()[0][:200]})"
+        value = timings[label]
+        return value if isinstance(value, float) else math.inf
+
+    def fastest(candidates: list[Layout], incumbent: Layout) -> Layout:
+        best = min(candidates, key=measure)
+        return best if measure(best) * MARGIN < measure(incumbent) else incumbent
+
+    best = rules
+    if free_lowering:
+        best = fastest([Layout(lowering, rules.chunk_size) for lowering in lowerings], best)
+    if free_chunk:
+        best = fastest([Layout(best.lowering, chunk) for chunk in candidate_chunks(share, rules.chunk_size)],
+                       best)
+    if math.isinf(measure(best)):  # nothing could be measured: the rules, whose own build says what is wrong
+        best, why = rules, "no candidate could be measured (see seconds_per_round); the hand rules"
+    elif best == rules:
+        others = [(v, k) for k, v in timings.items() if isinstance(v, float) and k != rules.label()]
+        why = (f"the rules' {rules.label()} ({_ms(timings[rules.label()])} a round of {MEASURED_STEPS} local "
+               f"steps) stands: none of the other {len(timings) - 1} measured layouts was 5 % faster"
+               + (f" (the fastest, {min(others)[1]}: {_ms(min(others)[0])})" if others else ""))
+    else:
+        why = (f"{best.label()} ({_ms(timings[best.label()])} a round of {MEASURED_STEPS} local steps) is "
+               f"the fastest of {len(timings)} measured layouts, "
+               f"{timings[rules.label()] / timings[best.label()]:.2f}x the rules' {rules.label()}"
+               if isinstance(timings.get(rules.label()), float) else
+               f"{best.label()} is the fastest of {len(timings)} measured layouts (the rules' could not run)")
+    entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules), "why": why,
+             "seconds_per_round": timings, "measured_steps": MEASURED_STEPS,
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_cache(key, entry)
+    return best, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+
+
+def _ms(value) -> str:
+    return f"{value * 1e3:.1f} ms" if isinstance(value, float) else "not measured"

@@ -1,0 +1,107 @@
+"""The round's layout chosen by measurement (fedjax_lab/experiments/layout.py): the fastest candidate past the
+margin, explicit settings obeyed, the choice cached and written to the run directory."""
+
+import json
+
+import pytest
+
+from fedjax_lab.experiments import ConfigError, build_experiment, run_experiment, validate
+from fedjax_lab.experiments import layout as layout_module
+from fedjax_lab.experiments.layout import Layout, candidate_chunks, choose_layout
+
+RAW = {
+    "seed": 1,
+    "dataset": {"name": "gaussian_mixture", "num_clients": 8, "examples_per_client": 20, "dimension": 6,
+                "num_classes": 3},
+    "model": {"name": "mlp", "hidden": [8]},
+    "algorithm": {"name": "fedavg"},
+    "client": {"learning_rate": 0.1, "batch_size": 4, "local_steps": 3},
+    "rounds": {"num_rounds": 2, "clients_per_round": 4, "layout": "measure"},
+    "eval": {"every": 1},
+}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDJAX_LAB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "layouts.json"
+
+
+def test_candidate_chunks_are_the_rule_one_two_ten_and_the_share_that_divide_it():
+    assert candidate_chunks(10, 2) == [2, 1, 10]
+    assert candidate_chunks(100, 1) == [1, 2, 10, 100]
+    assert candidate_chunks(7, 1) == [1, 7]
+
+
+def _fake_times(monkeypatch, times: dict[str, float | Exception]):
+    """``seconds_per_round`` of a built candidate from ``times``, by the candidate's label."""
+    built = []
+
+    def build(config):
+        label = Layout(config.model.lowering if config.model.name == "simple_cnn" else None,
+                       config.rounds.chunk_size).label()
+        built.append((label, config.client.local_steps, config.rounds.layout))
+        if isinstance(times[label], Exception):
+            raise times[label]
+        return label
+
+    monkeypatch.setattr(layout_module, "seconds_per_round", lambda label: times[label])
+    return build, built
+
+
+def test_the_lowering_then_the_chunk_are_chosen_fastest_past_the_margin(cache, monkeypatch):
+    config = validate({**RAW, "model": {"name": "simple_cnn"}})
+    times = {"banded, chunk 1": 1.0, "xla, chunk 1": 2.0, "im2col, chunk 1": 0.96,  # within 5 %: banded stays
+             "banded, chunk 2": 0.5, "banded, chunk 4": ConfigError("does not fit")}
+    build, built = _fake_times(monkeypatch, times)
+    where = {"rules": Layout("banded", 1), "conv_model": True, "share": 4, "input_shape": (6,)}
+    chosen, info = choose_layout(config, build=build, **where)
+    assert chosen == Layout("banded", 2)
+    assert info["how"] == "measured" and "2.00x the rules' banded, chunk 1" in info["why"]
+    assert info["seconds_per_round"]["banded, chunk 4"].startswith("skipped: does not fit")
+    # Each candidate built once, explicitly, with the rules and the short local budget.
+    assert sorted(b[0] for b in built) == sorted(times)
+    assert {b[1:] for b in built} == {(layout_module.MEASURED_STEPS, "rules")}
+    # The next choice with the same key is read from the cache: nothing is built.
+    again, info = choose_layout(config, build=lambda c: pytest.fail("built a candidate on a cache hit"),
+                                **where)
+    assert again == chosen and info["how"] == "cached"
+    assert json.loads(cache.read_text())  # one entry
+
+
+def test_the_rules_stand_when_nothing_beats_them_by_the_margin(cache, monkeypatch):
+    config = validate(RAW)
+    build, _ = _fake_times(monkeypatch, {"chunk 2": 1.0, "chunk 1": 0.97, "chunk 4": 1.2})
+    chosen, info = choose_layout(config, rules=Layout(None, 2), conv_model=False, share=4, input_shape=(6,),
+                                 build=build)
+    assert chosen == Layout(None, 2)
+    assert "stands" in info["why"] and "chunk 1" in info["why"]
+
+
+def test_explicit_settings_are_obeyed_and_nothing_is_measured(cache, monkeypatch):
+    monkeypatch.setattr(layout_module, "seconds_per_round", lambda e: pytest.fail("measured"))
+    experiment = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": 4}}))
+    assert experiment.plan.chunk_size == 4 and experiment.layout["how"] == "explicit"
+    assert not cache.exists()
+    rules = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules"}}))
+    assert rules.layout == {} and rules.plan.chunk_size == 2  # the CPU rule for dense models
+
+
+def test_a_measured_run_writes_its_layout_and_the_next_build_reads_the_cache(cache, tmp_path):
+    config = validate(RAW)
+    run_experiment(config, tmp_path / "run", progress=False)
+    written = json.loads((tmp_path / "run" / "layout.json").read_text())
+    assert written["how"] == "measured"
+    assert set(written["seconds_per_round"]) == {"chunk 2", "chunk 1", "chunk 4"}
+    assert all(isinstance(t, float) and t > 0 for t in written["seconds_per_round"].values())
+    assert written["key"]["model"]["name"] == "mlp" and written["key"]["share"] == 4
+    again = build_experiment(config)
+    assert again.layout["how"] == "cached"
+    assert again.plan.chunk_size == written["layout"]["chunk_size"]
+    assert again.config == config  # the run's config keeps its unset layout
+
+
+def test_a_bad_environment_default_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("FEDJAX_LAB_LAYOUT", "fastest")
+    with pytest.raises(ValueError, match="FEDJAX_LAB_LAYOUT .* must be 'measure' or 'rules', got 'fastest'"):
+        validate({**RAW, "rounds": {"num_rounds": 2, "clients_per_round": 4}})
