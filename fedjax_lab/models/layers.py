@@ -113,8 +113,8 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
 
     * the gradient takes the whole-width form wherever it has fewer copies (``bands > ceil(span / wb)``).
       XLA's CPU backend materialises the copies one by one wherever the gradient has several uses: FedCOG's
-      generation step runs 2 to 4x faster, and the CNN3 and Feddle CNN training steps 2 to 3.7x and 1.2 to
-      1.6x (``benchmarks/banded_gradient.py``, docs/benchmarks.md);
+      generation step runs 1.9 to 3.2x faster than with one slice a band both ways, and the CNN3 and Feddle
+      CNN training steps 2.8x and 1.5x (``benchmarks/banded_gradient.py``, docs/benchmarks.md);
     * the forward pass takes one slice per band unless the bands outnumber the blocks more than fourfold
       (Feddle's CNN: 10 to 14 bands of 2 blocks). The whole-width forward pass cost the simple-CNN's FedAvg
       round 1.2x (7 bands of 2 blocks, and 2 of 2); one slice a band cost Feddle's CNN's training step 1.2x.
