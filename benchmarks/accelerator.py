@@ -30,6 +30,10 @@ start from the same weights; the PyTorch ResNet-18 has the same architecture and
   thread and with all cores, the faster reported: on a busy machine the multi-threaded run can collapse),
   data preprocessed into one float tensor outside the timed region, FedAvg of the parameters and of the
   BatchNorm running statistics (as the engine averages them).
+* ``torch_func``: FedAvg as a PyTorch user who knows ``torch.func`` writes it: the cohort's weights stacked on
+  a client axis, each local step one ``vmap(grad(loss))`` over the clients (``functional_call``), SGD on the
+  stacked weights, the weighted mean of the deltas; eager, on CUDA when present (``--torch-func-chunk``
+  clients at a time); BatchNorm without running statistics (they cannot be updated in place under ``vmap``).
 
 Reported for each (model, cohort, way), every configuration in a fresh subprocess (clean peak memory), after a
 warm-up call, as the median of ``--reps`` timed repetitions, each lasting at least ``--min-time`` seconds:
@@ -88,7 +92,7 @@ sys.path.insert(0, str(BENCH))
 import fedavg_mlp_throughput as mlp_bench  # stdlib-only at import time; its helpers are reused
 
 MODELS = ("mlp", "simple_cnn", "resnet18")
-WAYS = ("engine", "engine_bf16", "jax_loop", "torch_loop")
+WAYS = ("engine", "engine_bf16", "jax_loop", "torch_loop", "torch_func")
 NUM_CLIENTS = 1000
 SERVER_LR = 1.0
 # model -> (dataset, model config, batch size, client learning rate); batch sizes divide the clients' 60 / 50.
@@ -108,8 +112,9 @@ log = mlp_bench.log
 
 
 def raw_config(model: str, cohort: int, local_steps: int, seed: int = 0,
-               chunk_size: int | None = None, precision: str = "float32") -> dict:
-    """The config dict of a workload, as a user writes it."""
+               chunk_size: int | None = None, precision: str = "float32", layout: str = "measure") -> dict:
+    """The config dict of a workload, as a user writes it (``layout``: ``rounds.layout``; the ways that do not
+    run the engine's round take the rules, so that they measure nothing)."""
     dataset, model_cfg, batch, lr = WORKLOADS[model]
     raw = {
         "seed": seed,
@@ -117,7 +122,7 @@ def raw_config(model: str, cohort: int, local_steps: int, seed: int = 0,
         "model": {**model_cfg, "precision": precision},
         "algorithm": {"name": "fedavg", "server_learning_rate": SERVER_LR},
         "client": {"optimizer": "sgd", "learning_rate": lr, "batch_size": batch, "local_steps": local_steps},
-        "rounds": {"num_rounds": 1000, "clients_per_round": cohort},
+        "rounds": {"num_rounds": 1000, "clients_per_round": cohort, "layout": layout},
         "eval": {"every": 1000, "per_client": False},
     }
     if chunk_size:
@@ -134,7 +139,7 @@ def examples_per_round(model: str, cohort: int, local_steps: int) -> int:
 # ------------------------------------------------------------------------------------------------------------
 
 def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: int | None = None,
-          precision: str = "float32"):
+          precision: str = "float32", layout: str = "measure"):
     """``build_experiment(validate(raw))``; when the builder refuses the default cohort layout for memory (a
     big model with the whole cohort vmapped on a GPU), the largest chunk size that it accepts."""
     from fedjax_lab.experiments import validate
@@ -142,14 +147,16 @@ def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: 
     from fedjax_lab.experiments.config import ConfigError
 
     try:
-        return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk_size, precision)))
+        return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk_size, precision,
+                                                    layout)))
     except ConfigError as exc:
         if chunk_size is not None or "chunk_size" not in str(exc):
             raise
         log(f"default cohort layout refused ({str(exc)[:120]}...); trying smaller chunks")
     for chunk in sorted({d for d in range(1, cohort) if cohort % d == 0}, reverse=True):
         try:
-            return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk, precision)))
+            return build_experiment(validate(raw_config(model, cohort, local_steps, seed, chunk, precision,
+                                                        layout)))
         except ConfigError as exc:
             if "chunk_size" not in str(exc):
                 raise
@@ -383,6 +390,88 @@ def torch_loop_way(model: str, experiment, steps: int, rounds: int, threads: int
     return call
 
 
+def torch_func_way(model: str, experiment, steps: int, rounds: int, threads: int, chunk: int | None = None):
+    """FedAvg as a PyTorch user who knows ``torch.func`` writes it: the cohort's weights stacked on a leading
+    client axis, each local step one ``vmap(grad(loss))`` over the clients (``functional_call`` of the same
+    module), SGD on the stacked weights, then the weighted mean of the deltas. Eager, on CUDA when present.
+    ``chunk`` clients are vmapped at a time (default the whole cohort). BatchNorm layers
+    (ResNet-18) normalise with the batch's statistics and keep no running statistics
+    (``torch.func.replace_all_batch_norm_modules_``: in-place updates of the running buffers cannot be
+    vmapped), so that model does a little less than the other ways. Same data, cohorts and initial weights
+    as ``torch_loop``."""
+    import fedavg_cnn_throughput as cnn_bench
+    import jax
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, replace_all_batch_norm_modules_, vmap
+
+    torch.set_num_threads(threads)
+    device = torch_device()
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    cfg, data = experiment.config, experiment.dataset
+    x = np.asarray(jax.jit(experiment.classifier.preprocess)(data.train["x"]))
+    X = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
+    Y = torch.from_numpy(data.train["y"].astype(np.int64)).to(device)
+    del x
+    counts = [int(n) for n in data.client_train_counts]
+    rows = [torch.from_numpy(data.client_train_ids[k, :n].astype(np.int64)) for k, n in enumerate(counts)]
+    net = torch_model(model, experiment).to(device)
+    replace_all_batch_norm_modules_(net)
+    net.train()
+    global_params = {name: p.detach().clone() for name, p in net.named_parameters()}
+    buffers = {name: b for name, b in net.named_buffers()}
+    lr, batch = cfg.client.learning_rate, cfg.client.batch_size
+
+    def loss(params, xb, yb):
+        return F.cross_entropy(functional_call(net, (params, buffers), (xb,)), yb)
+
+    client_grads = vmap(grad(loss))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    plan = cnn_bench.cohorts(experiment, 64)
+    box = {"round": 0}
+
+    def train_chunk(clients):
+        m = len(clients)
+        orders = []
+        for k in clients:  # each client's batches: fresh permutations of its rows, as the loop's
+            n = counts[k]
+            order = torch.cat([torch.randperm(n, generator=gen) for _ in range(math.ceil(steps * batch / n))])
+            orders.append(rows[k][order[: steps * batch]].view(steps, batch))
+        batches = torch.stack(orders, 1).to(device, non_blocking=True)  # [steps, m, batch]
+        params = {name: g.expand(m, *g.shape).clone() for name, g in global_params.items()}
+        for s in range(steps):
+            idx = batches[s]
+            grads = client_grads(params, X[idx], Y[idx])
+            params = {name: p - lr * grads[name] for name, p in params.items()}
+        weights = torch.tensor([float(counts[k]) for k in clients], device=device)
+        return {name: torch.tensordot(weights, p - global_params[name].unsqueeze(0), dims=1)
+                for name, p in params.items()}, float(weights.sum())
+
+    def one_round(cohort):
+        cohort = [int(k) for k in cohort]
+        size = chunk or len(cohort)
+        acc, total = {name: torch.zeros_like(g) for name, g in global_params.items()}, 0.0
+        with torch.no_grad():
+            for start in range(0, len(cohort), size):
+                deltas, weight = train_chunk(cohort[start:start + size])
+                for name in acc:
+                    acc[name] += deltas[name]
+                total += weight
+            for name, g in global_params.items():
+                g.add_(acc[name], alpha=SERVER_LR / total)
+
+    def call():
+        for _ in range(rounds):
+            one_round(plan[box["round"] % len(plan)])
+            box["round"] += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return call
+
+
 def device_peak_bytes(way: str) -> float | None:
     """Peak bytes in use on the accelerator (None on CPU)."""
     if way.startswith("torch"):
@@ -442,7 +531,9 @@ def run_worker(cfg: dict) -> dict:
         out.update(member_chunk=chunk, cohort_chunk=program.experiment.plan.chunk_size)
     else:
         precision = "bfloat16" if way == "engine_bf16" else "float32"
-        experiments = [build(model, m, steps, seed, cfg.get("chunk_size"), precision) for seed in seeds]
+        layout = "measure" if way.startswith("engine") else "rules"
+        experiments = [build(model, m, steps, seed, cfg.get("chunk_size"), precision, layout)
+                       for seed in seeds]
         calls = []
         if way in ("engine", "engine_bf16"):
             compile_s, out["xla_run_rounds_flops"], out["xla_temp_mb"] = 0.0, [], []
@@ -467,6 +558,15 @@ def run_worker(cfg: dict) -> dict:
             threads = cfg["torch_threads"] or ([1, cores] if torch_device().type == "cpu" and cores > 1
                                                else [cores])
             variants = {t: (lambda t=t: torch.set_num_threads(t)) for t in threads}
+        elif way == "torch_func":
+            import torch
+
+            calls = [torch_func_way(model, e, steps, rounds, cores, cfg.get("torch_func_chunk"))
+                     for e in experiments]
+            out["torch_device"] = str(torch_device())
+            threads = cfg["torch_threads"] or ([1, cores] if torch_device().type == "cpu" and cores > 1
+                                               else [cores])
+            variants = {t: (lambda t=t: torch.set_num_threads(t)) for t in threads}
         else:
             raise ValueError(f"unknown way {way!r}")
 
@@ -488,7 +588,7 @@ def run_worker(cfg: dict) -> dict:
     if variants:
         out["torch_threads"] = best
         out["torch_threads_tried"] = {str(k): v["examples_per_s"] for k, v in timings.items()}
-    if compile_s is None and way != "torch_loop":  # the warm-up call compiled; the timed calls did not
+    if compile_s is None and not way.startswith("torch"):  # the warm-up call compiled, the timed ones did not
         compile_s = max(out["first_call_s"] - min(out["seconds_per_call"]), 0.0)
     out.update(compile_s=compile_s, rounds_per_call=rounds, members=len(seeds), examples_per_call=examples,
                rss_before_mb=rss_before, peak_rss_mb=mlp_bench.peak_rss_mb(),
@@ -663,7 +763,7 @@ def way_detail(row: dict) -> str:
         chunk = row.get("cohort_chunk", row.get("chunk_size"))
         text = f"chunk {'all' if chunk is None else chunk}"
         return f" ({text}, {row['member_chunk']} members at once)" if "member_chunk" in row else f" ({text})"
-    if row["way"] == "torch_loop":
+    if row["way"] in ("torch_loop", "torch_func"):
         dev = row.get("torch_device", "cpu")
         threads = row.get("torch_threads")
         return f" ({dev}, {threads} thread{'s' if threads != 1 else ''})" if dev == "cpu" else f" ({dev})"
@@ -705,9 +805,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         log("nothing to plot")
         return
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
-    colors = {"engine": "C0", "engine_runs": "C3", "jax_loop": "C1", "torch_loop": "C2"}
+    colors = {"engine": "C0", "engine_runs": "C3", "jax_loop": "C1", "torch_loop": "C2", "torch_func": "C4"}
     for ax, model in zip(axes[0], models):
-        for way in ("engine", "jax_loop", "torch_loop"):
+        for way in ("engine", "jax_loop", "torch_loop", "torch_func"):
             pts = sorted((r["cohort"], r["examples_per_s"]) for r in ok
                          if r["model"] == model and r["way"] == way and not r.get("sweep"))
             if pts:
@@ -755,6 +855,8 @@ def main(argv=None) -> None:
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds a timed repetition lasts at least")
     ap.add_argument("--sweep-seeds", type=int, default=None,
                     help="members of the MLP sweep at cohort 10 (default 8; 0: no sweep; needs --models mlp)")
+    ap.add_argument("--torch-func-chunk", type=int, default=None,
+                    help="clients the torch_func way vmaps at once (default: the whole cohort)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=None,
                     help="PyTorch CPU thread counts to try, the fastest reported (default: 1 and all cores)")
     ap.add_argument("--seed", type=int, default=0)
@@ -800,7 +902,8 @@ def main(argv=None) -> None:
         f"{info['versions'].get('torch')}")
 
     base = {"local_steps": steps, "rounds": args.rounds, "reps": reps, "min_time": min_time,
-            "seed": args.seed, "torch_threads": args.torch_threads, "sweep": False, "members": 1}
+            "seed": args.seed, "torch_threads": args.torch_threads, "sweep": False, "members": 1,
+            "torch_func_chunk": args.torch_func_chunk}
     configs = [dict(base, model=model, cohort=m, way=way) for model in models for m in cohorts
                for way in args.ways]
     if "mlp" in models and sweep_seeds > 0:
@@ -888,7 +991,7 @@ def main(argv=None) -> None:
                        way="engine" if cfg["way"] == "engine_runs" else cfg["way"],
                        program=cfg["sweep"] and cfg["way"] == "engine")
         # The torch worker builds its data with JAX on the CPU, leaving the GPU to PyTorch.
-        env = {"JAX_PLATFORMS": "cpu"} if cfg["way"] == "torch_loop" and gpu else None
+        env = {"JAX_PLATFORMS": "cpu"} if cfg["way"].startswith("torch") and gpu else None
         res, err, wall = run_subprocess(["--worker", json.dumps(cfg_run)], timeout, env)
         if res is None:
             status = "skipped" if err.startswith("timeout") else "error"
