@@ -138,6 +138,10 @@ def run_once(runs: Path, name: str, config: Config,
     except FileExistsError:
         return None
     record_files.code_commit()  # the commit the run starts from (read once)
+    if "layout" not in config.rounds.model_fields_set:
+        # The hand rules' layout, not a timed choice: the arms of a paired claim then share their layout
+        # (bit-for-bit comparisons between them hold), and no record depends on a machine's timing noise.
+        config = config.model_copy(update={"rounds": config.rounds.model_copy(update={"layout": "rules"})})
     start = time.perf_counter()
     try:
         summary = run_experiment(config, run_dir, overwrite=True, progress=False)
