@@ -33,19 +33,23 @@ def test_candidate_chunks_are_the_rule_one_two_ten_and_the_share_that_divide_it(
     assert candidate_chunks(7, 1) == [1, 7]
 
 
-def _fake_times(monkeypatch, times: dict[str, float | Exception]):
-    """``seconds_per_round`` of a built candidate from ``times``, by the candidate's label."""
+def _fake_times(monkeypatch, times: dict[str, float | Exception], probe: float = 0.01):
+    """``seconds_per_round`` of a built candidate from ``times``, by the candidate's label (``probe`` for the
+    probe round's)."""
     built = []
 
     def build(config):
         label = Layout(config.model.lowering if config.model.name == "simple_cnn" else None,
                        config.rounds.chunk_size).label()
+        if config.client.local_steps == layout_module.PROBE_STEPS:
+            return "probe"
         built.append((label, config.client.local_steps, config.rounds.layout))
         if isinstance(times[label], Exception):
             raise times[label]
         return label
 
-    monkeypatch.setattr(layout_module, "seconds_per_round", lambda label: times[label])
+    monkeypatch.setattr(layout_module, "seconds_per_round",
+                        lambda label, min_calls=2: probe if label == "probe" else times[label])
     return build, built
 
 
@@ -76,6 +80,15 @@ def test_the_rules_stand_when_nothing_beats_them_by_the_margin(cache, monkeypatc
                                  build=build)
     assert chosen == Layout(None, 2)
     assert "stands" in info["why"] and "chunk 1" in info["why"]
+
+
+def test_a_slow_probe_round_keeps_the_rules_without_timing_the_candidates(cache, monkeypatch):
+    config = validate({**RAW, "model": {"name": "simple_cnn"}})
+    build, built = _fake_times(monkeypatch, {}, probe=3.0)
+    chosen, info = choose_layout(config, rules=Layout("im2col", 1), conv_model=True, share=4,
+                                 input_shape=(6,), build=build)
+    assert chosen == Layout("im2col", 1) and not built
+    assert "took 3.0 s" in info["why"] and info["probe_seconds"] == 3.0
 
 
 def test_explicit_settings_are_obeyed_and_nothing_is_measured(cache, monkeypatch):

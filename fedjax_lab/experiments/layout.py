@@ -6,7 +6,9 @@ with XLA's convolution, while the simple-CNN at cohort 100 ran faster with XLA's
 at a time beats the whole cohort vmapped for CNNs (docs/benchmarks.md). So when ``rounds.layout`` is
 ``measure`` (the default) and ``model.lowering`` is ``auto`` or ``rounds.chunk_size`` is unset, the builder
 compiles the candidate layouts, times a round of each with a short local budget (10 steps a client), and
-keeps the fastest, where it beats the rules' layout by 5 % or more (closer is timing noise):
+keeps the fastest, where it beats the rules' layout by 5 % or more (closer is timing noise). A probe comes
+first: one round of 2 local steps in the rules' layout; when it takes over a second (ResNet-18 on a CPU), the
+rules stand, as timing every candidate would take minutes.
 
 1. the lowerings (XLA's convolution, ``im2col`` and, but for the ResNets, ``banded``; convolutional models
    only) at the chunk the rules give;
@@ -45,6 +47,8 @@ from fedjax_lab.experiments.config import Config, ConfigError
 LOWERINGS = ("xla", "im2col", "banded")
 CHUNKS = (1, 2, 10)  # besides the whole share
 MEASURED_STEPS = 10  # local steps a client takes in a measured round
+PROBE_STEPS = 2  # local steps of the probe round, the rules' layout timed once before anything else
+MAX_PROBE_SECONDS = 1.0  # a slower probe round keeps the rules: timing every candidate would take minutes
 MARGIN = 1.05  # a candidate replaces the rules' layout only when this much faster (timing noise)
 MIN_SECONDS = 0.2  # each candidate's round is called until this much time has passed (at least twice)
 
@@ -123,14 +127,15 @@ def write_cache(key: str, entry: dict) -> None:
         pass
 
 
-def seconds_per_round(experiment) -> float:
-    """The fastest of repeated calls of one round (after a first call, which compiles it)."""
+def seconds_per_round(experiment, min_calls: int = 2) -> float:
+    """The fastest of repeated calls of one round (after a first call, which compiles it): at least
+    ``min_calls`` calls, and more until :data:`MIN_SECONDS` have passed."""
     run = experiment.run_rounds
     state = experiment.initial_state()
     state, metrics = run(state, experiment.inputs, num_rounds=1)
     jax.block_until_ready((state, metrics))
     times, spent = [], 0.0
-    while len(times) < 2 or spent < MIN_SECONDS:
+    while len(times) < min_calls or (spent < MIN_SECONDS and min_calls > 1):
         start = time.perf_counter()
         state, metrics = run(state, experiment.inputs, num_rounds=1)
         jax.block_until_ready((state, metrics))
@@ -139,10 +144,10 @@ def seconds_per_round(experiment) -> float:
     return min(times)
 
 
-def measured_config(config: Config, layout: Layout) -> Config:
-    """``config`` with ``layout`` set explicitly, the hand rules, and a short local budget
-    (:data:`MEASURED_STEPS` steps a client)."""
-    client = config.client.model_copy(update={"local_steps": MEASURED_STEPS, "local_epochs": None})
+def measured_config(config: Config, layout: Layout, steps: int = MEASURED_STEPS) -> Config:
+    """``config`` with ``layout`` set explicitly, the hand rules, and a short local budget (``steps`` steps
+    a client)."""
+    client = config.client.model_copy(update={"local_steps": steps, "local_epochs": None})
     return with_layout(config.model_copy(update={"client": client}), layout)
 
 
@@ -191,6 +196,16 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
     if cached is not None:
         layout = Layout(**cached["layout"])
         return layout, {**cached, "how": "cached", "cache": str(cache_path()), "key": json.loads(key)}
+    probe = _probe(config, rules, build)
+    if probe is not None and probe > MAX_PROBE_SECONDS:
+        why = (f"a round of {PROBE_STEPS} local steps took {probe:.1f} s in the rules' {rules.label()}: "
+               "timing every candidate would take minutes, so the rules stand (set model.lowering and "
+               "rounds.chunk_size to choose)")
+        entry = {"layout": dataclasses.asdict(rules), "rules": dataclasses.asdict(rules), "why": why,
+                 "probe_seconds": probe, "seconds_per_round": {},
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_cache(key, entry)
+        return rules, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
     timings: dict[str, Any] = {}
 
     def measure(layout: Layout) -> float:
@@ -235,6 +250,15 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_cache(key, entry)
     return best, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+
+
+def _probe(config: Config, rules: Layout, build: Callable[[Config], Any]) -> float | None:
+    """Seconds of one round of :data:`PROBE_STEPS` local steps in the rules' layout (``None`` when it does
+    not build: the candidates then say why)."""
+    try:
+        return seconds_per_round(build(measured_config(config, rules, PROBE_STEPS)), min_calls=1)
+    except (ConfigError, MemoryError):
+        return None
 
 
 def _ms(value) -> str:
