@@ -19,6 +19,7 @@ from fedjax_lab.models import (
     FeddleCNN,
     LinearSVM,
     LogisticRegression,
+    PflCNN,
     ResNet,
     SimpleCNN,
     layers,
@@ -44,6 +45,7 @@ MNIST, CIFAR = (28, 28, 1), (32, 32, 3)
     (CNN3(100), CIFAR, 69_380),
     (FeddleCNN(10), CIFAR, 361_162),
     (FeddleCNN(10), MNIST, 262_570),
+    (PflCNN(10), CIFAR, 1_626_442),  # pfl-research's CIFAR-10 CNN, as its PyTorch model counts
     (MLP(10, (200, 200)), MNIST, 199_210),
     (LogisticRegression(10), MNIST, 7_850),
     (LinearSVM(), MNIST, 784),
@@ -53,6 +55,21 @@ MNIST, CIFAR = (28, 28, 1), (32, 32, 3)
 def test_parameter_counts(module, shape, count):
     variables = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1,) + shape))
     assert sum(p.size for p in jax.tree.leaves(variables["params"])) == count
+
+
+def test_dropout_acts_only_in_the_training_loss_and_with_its_key():
+    """PflCNN's dropout: the training loss depends on the step key (two keys, two losses; one key, one loss),
+    evaluation is deterministic, and a model without dropout trains the same with any key."""
+    x = jax.random.normal(jax.random.key(1), (8,) + CIFAR)
+    batch = {"x": x, "y": jnp.arange(8) % 10, "mask": jnp.ones(8)}
+    for module, keyed in ((PflCNN(10), True), (SimpleCNN(10), False)):
+        clf = Classifier(module, CIFAR, preprocess=lambda x: x)
+        variables = clf.init(jax.random.key(0))
+        losses = [float(clf.loss(variables, batch, jax.random.key(k))[0]) for k in (3, 4, 3)]
+        assert (losses[0] != losses[1]) == keyed and losses[0] == losses[2]
+        np.testing.assert_array_equal(clf.predict(variables, x), clf.predict(variables, x))
+        if keyed:  # the training pass without dropout's key is the evaluation pass
+            np.testing.assert_allclose(clf.apply(variables, x, train=True), clf.predict(variables, x))
 
 
 def test_char_rnn_has_the_tff_parameter_count():

@@ -36,7 +36,8 @@ def _resnet(m, k: int, lowering: str) -> nn.Module:
     return getattr(models, m.name)(k, m.norm, m.groups, resnet_lowering)
 
 
-CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "feddle_cnn", "resnet8", "resnet18")
+CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "feddle_cnn", "pfl_cnn", "resnet8",
+               "resnet18")
 """The convolutional models (the CPU's default cohort loop trains them one client at a time)."""
 
 
@@ -48,6 +49,7 @@ MODELS: dict[str, Callable[[Any, int, str], nn.Module]] = {
     "bherd_cnn": lambda m, k, lowering: models.BHerdCNN(k, lowering),
     "cnn3": lambda m, k, lowering: models.CNN3(k, lowering),
     "feddle_cnn": lambda m, k, lowering: models.FeddleCNN(k, lowering),
+    "pfl_cnn": lambda m, k, lowering: models.PflCNN(k, lowering),
     "fedavg_cnn": lambda m, k, lowering: models.FedAvgCNN(k, m.padding, lowering),
     "resnet8": _resnet,
     "resnet18": _resnet,

@@ -182,14 +182,14 @@ DatasetConfig = Annotated[SyntheticDataset | GaussianMixtureDataset | ImageDatas
 
 # ------------------------------------------------------------------------------------------------- models
 MODELS = ("logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
-          "feddle_cnn", "resnet8", "resnet18", "char_rnn")
+          "feddle_cnn", "pfl_cnn", "resnet8", "resnet18", "char_rnn")
 
 
 class ModelConfig(Section):
     """A model of the zoo (``fedjax_lab/models``)."""
 
     name: Literal["logistic_regression", "linear_svm", "mlp", "simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3",
-                  "feddle_cnn", "resnet8", "resnet18", "char_rnn"] = Field(
+                  "feddle_cnn", "pfl_cnn", "resnet8", "resnet18", "char_rnn"] = Field(
         description="the model (`fedjax_lab/models/`)")
     hidden: tuple[PositiveInt, ...] = Field((200, 200), description="mlp")
     padding: Literal["SAME", "VALID"] = Field("SAME", description="fedavg_cnn")

@@ -2,7 +2,7 @@
 :class:`Classifier`, which turns a module into the engine's loss and evaluation metrics."""
 
 from fedjax_lab.models.classifiers import MLP, LinearSVM, LogisticRegression
-from fedjax_lab.models.cnns import CNN3, BHerdCNN, FedAvgCNN, FeddleCNN, SimpleCNN
+from fedjax_lab.models.cnns import CNN3, BHerdCNN, FedAvgCNN, FeddleCNN, PflCNN, SimpleCNN
 from fedjax_lab.models.recurrent import CharRNN
 from fedjax_lab.models.resnets import ResNet, resnet8, resnet18
 from fedjax_lab.models.staged import StagedModel, middle_stage
@@ -17,6 +17,6 @@ from fedjax_lab.models.tasks import (
 
 __all__ = [
     "CNN3", "MLP", "BHerdCNN", "CharRNN", "Classifier", "FedAvgCNN", "FeddleCNN", "LinearSVM",
-    "LogisticRegression", "ResNet", "SimpleCNN", "StagedModel", "Standardize", "as_float", "as_tokens",
-    "cross_entropy_loss", "masked_mean", "middle_stage", "resnet8", "resnet18",
+    "LogisticRegression", "PflCNN", "ResNet", "SimpleCNN", "StagedModel", "Standardize", "as_float",
+    "as_tokens", "cross_entropy_loss", "masked_mean", "middle_stage", "resnet8", "resnet18",
 ]

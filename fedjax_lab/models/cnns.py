@@ -11,6 +11,9 @@ References:
   Feddle CNN: Zhu et al., "Unlocking the Value of Decentralized Data: A Federated Dual Learning Approach for
   Model Aggregation", App. D ("three convolutional layers, one pooling layer, and two fully connected
   layers").
+  pfl CNN: Granqvist et al., "pfl-research: simulation framework for accelerating research in Private
+  Federated Learning", NeurIPS 2024 datasets and benchmarks; its CIFAR-10 benchmark's ``simple_cnn``
+  (apple/pfl-research, benchmarks/model).
 """
 
 from __future__ import annotations
@@ -151,6 +154,41 @@ class FeddleCNN(StagedModel):
             return nn.relu(self.fc1(flatten(h)))
         h = nn.relu(getattr(self, name)(h))
         return max_pool_2x2(h) if name == "conv3" else h
+
+    def head(self, h: jax.Array) -> jax.Array:
+        return self.output(h)
+
+
+class PflCNN(StagedModel):
+    """pfl-research's CIFAR-10 benchmark CNN: conv3x3-32, conv3x3-64 (VALID, ReLU), 2x2 max pool, dropout
+    0.25, fc128 (ReLU), dropout 0.5, fc; Glorot-uniform kernels as its code (zero biases, Flax's default).
+    1,626,442 parameters on 32x32x3 with 10 classes.
+
+    Dropout acts in training passes that carry a ``'dropout'`` key (the training loss's,
+    :meth:`~fedjax_lab.models.Classifier.apply_train`); every other pass (evaluation, and the methods'
+    own passes in training mode) is deterministic.
+    """
+
+    num_classes: int
+    lowering: ConvLowering = "xla"
+    stages: ClassVar[tuple[str, ...]] = ("conv1", "conv2", "fc1")
+    uses_dropout: ClassVar[bool] = True
+
+    def setup(self):
+        glorot = nn.initializers.glorot_uniform()
+        self.conv1 = Conv(32, (3, 3), "VALID", lowering=self.lowering, kernel_init=glorot)
+        self.conv2 = Conv(64, (3, 3), "VALID", lowering=self.lowering, kernel_init=glorot)
+        self.fc1 = nn.Dense(128, kernel_init=glorot)
+        self.output = nn.Dense(self.num_classes, kernel_init=glorot)
+        self.dropout_conv, self.dropout_fc = nn.Dropout(0.25), nn.Dropout(0.5)
+
+    def stage(self, name, h, train, mask):
+        deterministic = not (train and self.has_rng("dropout"))
+        if name == "conv1":
+            return nn.relu(self.conv1(h))
+        if name == "conv2":
+            return self.dropout_conv(max_pool_2x2(nn.relu(self.conv2(h))), deterministic=deterministic)
+        return self.dropout_fc(nn.relu(self.fc1(flatten(h))), deterministic=deterministic)
 
     def head(self, h: jax.Array) -> jax.Array:
         return self.output(h)

@@ -159,11 +159,17 @@ class Classifier:
         mask = batch["mask"]
         method = _outputs_and_features if with_features else None
         state_names = [name for name in variables if name != "params"]
-        if not state_names:
+        # A model with dropout (``uses_dropout``) gets its key, independent of augmentation's.
+        rngs = ({"dropout": jax.random.fold_in(key, 1)} if getattr(self.module, "uses_dropout", False)
+                else None)
+        if not state_names and rngs is None:
             out, state = (self.apply(variables, x, method=method) if method
                           else self.apply(variables, x)), {}
+        elif not state_names:
+            out, state = self.apply(variables, x, train=True, mask=mask, method=method, rngs=rngs), {}
         else:
-            out, state = self.apply(variables, x, train=True, mask=mask, mutable=state_names, method=method)
+            out, state = self.apply(variables, x, train=True, mask=mask, mutable=state_names, method=method,
+                                    rngs=rngs)
         return ((*out, x) if with_features else out), state
 
     def model_input_shape(self) -> tuple[int, ...]:
