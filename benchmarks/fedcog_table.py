@@ -200,7 +200,10 @@ def report(runs: Path, datasets, seeds, out: Path) -> None:
              "100). A cell: paper | ours, the final round's test accuracy, mean ± std over seeds "
              + ", ".join(map(str, seeds)) +
              " (ours: the sample standard deviation, ddof 1); '-' is not run. Each claim judged over the "
-             "seeds: [fedcog_claims.md](fedcog_claims.md).", ""]
+             "seeds: [fedcog_claims.md](fedcog_claims.md).", "",
+             ("Fashion-MNIST's baselines other than FedReg ran before records were kept: their cells show "
+              "'-' until rerun (`python benchmarks/fedcog_table.py`); their earlier numbers are in this "
+              "page's history up to commit 529b9f0."), ""]
     for dataset in datasets:
         column = DATASET_COLUMN[dataset]
         lines += [f"## Table 1, {dataset}", "",
