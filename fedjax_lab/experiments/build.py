@@ -196,10 +196,12 @@ def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
     num = len(jax.devices()) if config.parallel.devices == "all" else config.parallel.devices
     share = cohort // num if num > 1 and cohort % num == 0 else cohort
     lowerings = layout.LOWERINGS if not config.model.name.startswith("resnet") else ("xla", "im2col")
+    rules = rules_layout(config, share)
     chosen, info = layout.choose_layout(
-        config, rules=rules_layout(config, share), conv_model=config.model.name in CONV_MODELS, share=share,
+        config, rules=rules, conv_model=config.model.name in CONV_MODELS, share=share,
         input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings)
-    if info["how"] == "explicit":
+    if info["how"] == "explicit" or chosen == rules:
+        # The rules' layout, built as the rules build it (an unset chunk is still fitted to the memory budget)
         return dataclasses.replace(_assemble(config, dataset), layout=info)
     experiment = _assemble(layout.with_layout(config, chosen), dataset)
     return dataclasses.replace(experiment, config=config, layout=info)
