@@ -233,23 +233,29 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
         best = fastest([Layout(best.lowering, chunk) for chunk in candidate_chunks(share, rules.chunk_size)],
                        best)
     if math.isinf(measure(best)):  # nothing could be measured: the rules, whose own build says what is wrong
-        best, why = rules, "no candidate could be measured (see seconds_per_round); the hand rules"
-    elif best == rules:
-        others = [(v, k) for k, v in timings.items() if isinstance(v, float) and k != rules.label()]
-        why = (f"the rules' {rules.label()} ({_ms(timings[rules.label()])} a round of {MEASURED_STEPS} local "
-               f"steps) stands: none of the other {len(timings) - 1} measured layouts was 5 % faster"
-               + (f" (the fastest, {min(others)[1]}: {_ms(min(others)[0])})" if others else ""))
-    else:
-        why = (f"{best.label()} ({_ms(timings[best.label()])} a round of {MEASURED_STEPS} local steps) is "
-               f"the fastest of {len(timings)} measured layouts, "
-               f"{timings[rules.label()] / timings[best.label()]:.2f}x the rules' {rules.label()}"
-               if isinstance(timings.get(rules.label()), float) else
-               f"{best.label()} is the fastest of {len(timings)} measured layouts (the rules' could not run)")
-    entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules), "why": why,
+        best = rules
+    entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules),
+             "why": _why(best, rules, timings),
              "seconds_per_round": timings, "measured_steps": MEASURED_STEPS,
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_cache(key, entry)
     return best, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+
+
+def _why(best: Layout, rules: Layout, timings: dict[str, Any]) -> str:
+    """The sentence saying why ``best`` was chosen from the measured ``timings``."""
+    if not isinstance(timings.get(best.label()), float):
+        return "no candidate could be measured (see seconds_per_round); the hand rules"
+    if best == rules:
+        others = [(v, k) for k, v in timings.items() if isinstance(v, float) and k != rules.label()]
+        return (f"the rules' {rules.label()} ({_ms(timings[rules.label()])} a round of {MEASURED_STEPS} "
+                f"local steps) stands: none of the other {len(timings) - 1} measured layouts was 5 % faster"
+                + (f" (the fastest, {min(others)[1]}: {_ms(min(others)[0])})" if others else ""))
+    if not isinstance(timings.get(rules.label()), float):
+        return f"{best.label()} is the fastest of {len(timings)} measured layouts (the rules' could not run)"
+    return (f"{best.label()} ({_ms(timings[best.label()])} a round of {MEASURED_STEPS} local steps) is the "
+            f"fastest of {len(timings)} measured layouts, "
+            f"{timings[rules.label()] / timings[best.label()]:.2f}x the rules' {rules.label()}")
 
 
 def _probe(config: Config, rules: Layout, build: Callable[[Config], Any]) -> float | None:
