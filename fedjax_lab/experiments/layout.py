@@ -35,6 +35,7 @@ import fcntl
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,6 +197,8 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
     if cached is not None:
         layout = Layout(**cached["layout"])
         return layout, {**cached, "how": "cached", "cache": str(cache_path()), "key": json.loads(key)}
+    print("fedjax-lab: timing the candidate layouts (once per device, model and shapes; rounds.layout=rules "
+          "skips this)", file=sys.stderr, flush=True)
     probe = _probe(config, rules, build)
     if probe is not None and probe > MAX_PROBE_SECONDS:
         why = (f"a round of {PROBE_STEPS} local steps took {probe:.1f} s in the rules' {rules.label()}: "
