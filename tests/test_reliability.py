@@ -7,6 +7,7 @@ process, the same code less the interpreter start-up.
 """
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -143,6 +144,54 @@ def test_a_full_disk_is_exit_4_with_a_message_and_the_run_resumes(tmp_path, what
     assert not list((run_dir / "checkpoints").glob("*tmp*"))  # the partial checkpoint is removed
     assert main(["run", config, *overrides, "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
     assert read_metrics(run_dir)[-1]["round"] == int(overrides[-1].split("=")[1])
+
+
+def test_writes_that_end_after_a_failed_checkpoint_print_nothing_and_other_errors_still_show(monkeypatch):
+    """The race the full-disk test can lose under load: TensorStore finishes a write after Orbax closed the
+    event loop awaiting it, and Python prints the "Event loop is closed" traceback after the run's message."""
+    import asyncio
+    import gc
+
+    import tensorstore as ts
+
+    from fedjax_lab.experiments import run_directory
+
+    passed_on, seen = [], []
+    monkeypatch.setattr(logging.getLogger("asyncio"), "disabled", True)  # "Task was destroyed", as the CLI
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: passed_on.append(str(unraisable.exc_value)))
+    run_directory._quiet_closed_event_loops()
+    run_directory._quiet_closed_event_loops()  # a second failure does not wrap the hook again
+    quiet = sys.unraisablehook
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: (seen.append(str(unraisable.exc_value)),
+                                                                   quiet(unraisable)))
+
+    promise, write = ts.Promise.new()
+
+    async def abandon():  # as Orbax does when another write of the checkpoint fails
+        waiting = asyncio.ensure_future(_await(write))
+        await asyncio.wait([waiting], timeout=0.01)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(abandon())
+    loop.close()
+    promise.set_result(0)  # the write ends, on the full disk, after the loop closed
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("another unraisable error")
+
+    del promise, write  # the abandoned task goes with them, while the asyncio logger is off
+    Broken()
+    gc.collect()
+    assert seen == ["Event loop is closed", "another unraisable error"]
+    assert passed_on == ["another unraisable error"]
+
+
+async def _await(future):
+    return await future
 
 
 # ------------------------------------------------------------------------------------------ run files

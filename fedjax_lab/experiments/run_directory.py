@@ -179,8 +179,9 @@ class RunDirectory:
                 code = _os_error_code(exc)
                 if code is None:
                     raise
-                # the rest of Orbax's writes fail alike
+                # the rest of Orbax's writes fail alike, some after Orbax has closed their event loop
                 logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+                _quiet_closed_event_loops()
                 held.discard()  # a page of tracebacks from Orbax's threads, all saying what ``code`` says
                 for partial in (self.path / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
                     shutil.rmtree(partial, ignore_errors=True)
@@ -249,6 +250,33 @@ def _held_stderr():
                 text = buffer.read().decode(errors="replace")
                 if text:
                     sys.stderr.write(text)
+
+
+def _is_late_write(unraisable: Any) -> bool:
+    """Whether an unraisable exception is TensorStore finishing a write whose event loop Orbax has closed."""
+    error = unraisable.exc_value
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _quiet_closed_event_loops() -> None:
+    """Drops, for the rest of the process, the "Event loop is closed" tracebacks of writes that end after a
+    checkpoint failed.
+
+    When one of a checkpoint's writes fails, Orbax stops awaiting the others and closes their event loop;
+    each of them, failing alike on the full disk moments later, hands its result to that closed loop from
+    TensorStore's threads, and Python prints the ``RuntimeError`` through ``sys.unraisablehook``, at any
+    later time (after the run's own message). Every other unraisable exception is passed on.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "quiets_closed_event_loops", False):
+        return
+
+    def hook(unraisable):
+        if not _is_late_write(unraisable):
+            previous(unraisable)
+
+    hook.quiets_closed_event_loops = True
+    sys.unraisablehook = hook
 
 
 def _os_error_code(exc: BaseException) -> int | None:
