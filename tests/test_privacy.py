@@ -183,9 +183,24 @@ def test_the_reported_epsilon_equals_dp_accounting_called_directly(tmp_path):
 def test_the_pld_accountant_counts_the_truncated_poisson_round():
     mechanism = accounting.Mechanism(num_clients=50, sampling="poisson", clients_per_round=5, slots=9,
                                      noise_multiplier=1.1, accountant="pld")
+    event = dp_event.TruncatedSubsampledGaussianDpEvent(50, 0.1, 9, 1.1)
     accountant = pld_privacy_accountant.PLDAccountant()
-    accountant.compose(dp_event.TruncatedSubsampledGaussianDpEvent(50, 0.1, 9, 1.1), 3)
+    accountant.compose(event, 3)
     assert accounting.epsilon(mechanism, 3, 1e-4) == pytest.approx(accountant.get_epsilon(1e-4), rel=1e-12)
+    # a run's curve, every round: the accountant composing one round at a time
+    curve, one_at_a_time = accounting.EpsilonCurve(mechanism, 3, 1e-4), pld_privacy_accountant.PLDAccountant()
+    for r in (1, 2, 3):
+        one_at_a_time.compose(event)
+        assert curve[r] == pytest.approx(one_at_a_time.get_epsilon(1e-4), rel=1e-12)
+    assert curve[3] == pytest.approx(accountant.get_epsilon(1e-4), rel=1e-6)  # the counts composed at once
+    assert list(curve) == [1, 2, 3] and 0 not in curve and 4 not in curve and curve.get(4) is None
+
+
+def test_an_error_in_the_accountant_s_thread_is_raised_where_the_curve_is_read():
+    unsupported = accounting.Mechanism(num_clients=50, sampling="fixed", clients_per_round=5, slots=5,
+                                       noise_multiplier=1.0, accountant="pld")  # refused before a run
+    with pytest.raises(Exception, match="SampledWithoutReplacement"):
+        accounting.EpsilonCurve(unsupported, 2, 1e-5)[1]
 
 
 def test_fixed_size_sampling_is_counted_with_the_replace_one_sensitivity():

@@ -167,12 +167,12 @@ def test_writes_that_end_after_a_failed_checkpoint_print_nothing_and_other_error
 
     promise, write = ts.Promise.new()
 
-    async def abandon():  # as Orbax does when another write of the checkpoint fails
+    async def abandon(write):  # as Orbax does when another write of the checkpoint fails
         waiting = asyncio.ensure_future(_await(write))
         await asyncio.wait([waiting], timeout=0.01)
 
     loop = asyncio.new_event_loop()
-    loop.run_until_complete(abandon())
+    loop.run_until_complete(abandon(write))
     loop.close()
     promise.set_result(0)  # the write ends, on the full disk, after the loop closed
     deadline = time.monotonic() + 10

@@ -9,6 +9,7 @@ methods (:mod:`.algorithms`), the evaluations (:mod:`.evaluators`) and fitting t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -102,7 +103,7 @@ class Experiment:
     local_evaluator: LocalEvaluator | None = None
     dissimilarity_evaluator: DissimilarityEvaluator | None = None
     messages: Any = None  # one client's message shapes, traced once at build (they size the memory estimates)
-    epsilons: dict[int, float] = dataclasses.field(default_factory=dict)  # ε after the rounds that report it
+    epsilons: Mapping[int, float] = dataclasses.field(default_factory=dict)  # ε after each round
     layout: dict = dataclasses.field(default_factory=dict)  # how the layout was chosen (layout.choose_layout)
 
     def initial_state(self) -> LoopState:

@@ -4,6 +4,8 @@ budget check, and the epsilon reported beside the metrics."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.privacy import accounting
 
@@ -54,25 +56,16 @@ def resolve(config: Config, num_clients: int) -> Config:
     return config
 
 
-def epsilon_rounds(config: Config) -> list[int]:
-    """The rounds whose ε a run reports: every round with the RDP accountant; the evaluated rounds (and the
-    last) with the PLD one, which takes about a second a point."""
-    total = config.rounds.num_rounds
-    if config.privacy.accountant == "rdp":
-        return list(range(1, total + 1))
-    return sorted({*range(config.eval.every, total + 1, config.eval.every), total})
-
-
-def epsilons(config: Config, num_clients: int) -> dict[int, float]:
-    """ε at ``privacy.delta`` after each of :func:`epsilon_rounds` of a resolved config (none without
-    noise: ε is infinite, and the run's summary says so)."""
+def epsilons(config: Config, num_clients: int) -> Mapping[int, float]:
+    """ε at ``privacy.delta`` after every round of a resolved config, counted in the background as the run
+    goes (none without noise: ε is infinite, and the run's summary says so)."""
     if config.privacy is None or not config.privacy.noise_multiplier:
         return {}
-    return accounting.epsilon_curve(mechanism_of(config, num_clients), epsilon_rounds(config),
+    return accounting.epsilon_curve(mechanism_of(config, num_clients), config.rounds.num_rounds,
                                     config.privacy.delta)
 
 
-def privacy_summary(config: Config, num_clients: int, curve: dict[int, float]) -> dict | None:
+def privacy_summary(config: Config, num_clients: int, curve: Mapping[int, float]) -> dict | None:
     """What a run's summary says of its privacy: ε (``None``: infinite, no noise) at δ, and the settings it
     was counted under."""
     if config.privacy is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def divergence(rows: list[dict[str, Any]], initial_test_loss: float) -> str | No
 
 
 def _block_rows(first_round: int, metrics: dict[str, np.ndarray],
-                epsilons: dict[int, float] | None = None) -> list[dict[str, Any]]:
+                epsilons: Mapping[int, float] | None = None) -> list[dict[str, Any]]:
     """A row per round of a block's metrics, with the privacy spent by that round where it is counted."""
     num_rounds = len(next(iter(metrics.values())))
     rows = [{"round": first_round + i + 1, **{k: float(v[i]) for k, v in metrics.items()}}

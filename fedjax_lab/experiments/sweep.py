@@ -23,6 +23,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,7 @@ class SweepProgram:
     _init: Any = None
     _run: Any = None
     configs: list[Config] = dataclasses.field(default_factory=list)  # each member's, its privacy resolved
-    epsilons: list[dict[int, float]] = dataclasses.field(default_factory=list)  # each member's ε by round
+    epsilons: list[Mapping[int, float]] = dataclasses.field(default_factory=list)  # each member's ε by round
 
     def initial_states(self):
         return self._init(self.keys, self.values, self.experiment.inputs)
