@@ -149,8 +149,9 @@ def _epsilons_one_round_at_a_time(mechanism: Mechanism, rounds: int, delta: floa
 
 
 class EpsilonCurve(Mapping[int, float]):
-    """ε after each round 1 to ``rounds``, filled in by a background thread while the run compiles and
-    runs; reading a round not yet counted waits for it.
+    """ε after each round 1 to ``rounds``, counted by a background thread from the first read on (a build
+    that never runs, such as a layout candidate, counts nothing) while the run goes on; reading a round not
+    yet counted waits for it.
 
     An error in the thread is raised where a value is read.
     """
@@ -160,8 +161,8 @@ class EpsilonCurve(Mapping[int, float]):
         self._values: dict[int, float] = {}
         self._error: BaseException | None = None
         self._changed = threading.Condition()
-        threading.Thread(target=self._fill, args=(mechanism, delta), name="epsilon-curve",
-                         daemon=True).start()
+        self._thread = threading.Thread(target=self._fill, args=(mechanism, delta), name="epsilon-curve",
+                                        daemon=True)
 
     def _fill(self, mechanism: Mechanism, delta: float) -> None:
         try:
@@ -181,6 +182,8 @@ class EpsilonCurve(Mapping[int, float]):
         if r not in self:
             raise KeyError(r)
         with self._changed:
+            if self._thread.ident is None:  # not started yet
+                self._thread.start()
             self._changed.wait_for(lambda: r in self._values or self._error is not None)
             if r not in self._values:
                 raise self._error
