@@ -7,7 +7,14 @@ import pytest
 
 from fedjax_lab.experiments import ConfigError, build_experiment, run_experiment, validate
 from fedjax_lab.experiments import layout as layout_module
-from fedjax_lab.experiments.layout import Layout, candidate_chunks, choose_layout
+from fedjax_lab.experiments.layout import (
+    Layout,
+    candidate_chunks,
+    candidate_member_chunks,
+    choose_layout,
+    choose_member_chunk,
+)
+from fedjax_lab.experiments.sweep import run_sweep
 
 RAW = {
     "seed": 1,
@@ -118,3 +125,55 @@ def test_a_bad_environment_default_is_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv("FEDJAX_LAB_LAYOUT", "fastest")
     with pytest.raises(ValueError, match="FEDJAX_LAB_LAYOUT .* must be 'measure' or 'rules', got 'fastest'"):
         validate({**RAW, "rounds": {"num_rounds": 2, "clients_per_round": 4}})
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+def test_candidate_member_chunks_are_the_rule_one_two_four_eight_the_share_and_separate_runs():
+    assert candidate_member_chunks(8, 8) == [8, 1, 2, 4, None]
+    assert candidate_member_chunks(8, None) == [None, 1, 2, 4, 8]
+    assert candidate_member_chunks(6, 2) == [2, 1, 6, None]
+
+
+def _choose(**kwargs):
+    where = {"key": "k", "rule": 2, "share": 4, "members": 4, "rounds": 100, "steps_ratio": 2.0}
+    return choose_member_chunk(**{**where, **kwargs})
+
+
+def test_the_member_chunk_is_chosen_by_the_sweep_s_predicted_time_compilation_included(cache):
+    first_and_round = {4: (2.0, 0.02), 2: (1.5, 0.03), 1: ConfigError("does not fit")}
+
+    def time_program(chunk):
+        if isinstance(first_and_round[chunk], Exception):
+            raise first_and_round[chunk]
+        return first_and_round[chunk]
+
+    chosen, info = _choose(time_program=time_program, time_run=lambda: (1.0, 0.01))
+    # compilation (first call less a round) + 100 rounds x 2 x the measured round; separate runs: 4 of them
+    predicted = {k: v["predicted_s"] for k, v in info["measured"].items() if isinstance(v, dict)}
+    assert predicted == pytest.approx({"separate runs": 4 * (0.99 + 2.0), "4 member(s) vmapped at a time":
+                                       1.98 + 4.0, "2 member(s) vmapped at a time": 1.47 + 6.0})
+    assert chosen == 4 and info["how"] == "measured" and "1.25x the rules' 2 member(s)" in info["why"]
+    assert info["measured"]["1 member(s) vmapped at a time"].startswith("skipped: does not fit")
+    again, info = _choose(time_program=lambda c: pytest.fail("timed on a cache hit"),
+                          time_run=lambda: pytest.fail("timed on a cache hit"))
+    assert again == 4 and info["how"] == "cached"
+
+
+def test_separate_runs_win_when_a_member_alone_is_that_much_faster_and_a_slow_member_keeps_the_rules(cache):
+    chosen, info = _choose(key="fast", time_program=lambda chunk: (1.0, 0.05), time_run=lambda: (0.5, 0.001))
+    assert chosen is None and "separate runs" in info["why"]
+    chosen, info = _choose(key="slow", time_program=lambda chunk: pytest.fail("timed"),
+                           time_run=lambda: (9.0, 3.0))
+    assert chosen == 2 and "took 3.0 s" in info["why"]
+
+
+def test_a_measured_sweep_writes_its_choice_and_the_next_sweep_reads_it(cache, tmp_path):
+    config = validate(RAW)
+    summary = run_sweep(config, {"seed": [0, 1]}, tmp_path / "sweep", progress=False)
+    written = json.loads((tmp_path / "sweep" / "layout.json").read_text())
+    assert written["how"] == "measured" and written["key"]["sweep_members"] == 2
+    assert set(written["measured"]) == {"separate runs", "2 member(s) vmapped at a time",
+                                        "1 member(s) vmapped at a time"}
+    assert summary["layout"].startswith("one program" if written["member_chunk"] else "one after another")
+    run_sweep(config, {"seed": [0, 1]}, tmp_path / "sweep", progress=False, overwrite=True)
+    assert json.loads((tmp_path / "sweep" / "layout.json").read_text())["how"] == "cached"

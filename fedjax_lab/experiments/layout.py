@@ -131,25 +131,43 @@ def write_cache(key: str, entry: dict) -> None:
 def seconds_per_round(experiment, min_calls: int = 2) -> float:
     """The fastest of repeated calls of one round (after a first call, which compiles it): at least
     ``min_calls`` calls, and more until :data:`MIN_SECONDS` have passed."""
-    run = experiment.run_rounds
-    state = experiment.initial_state()
-    state, metrics = run(state, experiment.inputs, num_rounds=1)
+    return fastest_call(lambda state: experiment.run_rounds(state, experiment.inputs, num_rounds=1),
+                        experiment.initial_state(), min_calls)
+
+
+def fastest_call(step: Callable[[Any], Any], state: Any, min_calls: int = 2) -> float:
+    """The fastest of repeated calls ``state, _ = step(state)`` (after a first call, which compiles it): at
+    least ``min_calls`` calls, and more until :data:`MIN_SECONDS` have passed."""
+    return timed_calls(step, state, min_calls)[1]
+
+
+def timed_calls(step: Callable[[Any], Any], state: Any, min_calls: int = 2) -> tuple[float, float]:
+    """``(first, fastest)``: the seconds of the first call of ``step`` (compiling it and running once) and
+    the fastest of the repeated calls after it (see :func:`fastest_call`)."""
+    start = time.perf_counter()
+    state, metrics = step(state)
     jax.block_until_ready((state, metrics))
+    first = time.perf_counter() - start
     times, spent = [], 0.0
     while len(times) < min_calls or (spent < MIN_SECONDS and min_calls > 1):
         start = time.perf_counter()
-        state, metrics = run(state, experiment.inputs, num_rounds=1)
+        state, metrics = step(state)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - start)
         spent += times[-1]
-    return min(times)
+    return first, min(times)
+
+
+def short_budget(config: Config, steps: int = MEASURED_STEPS) -> Config:
+    """``config`` with each client taking ``steps`` local steps (a measured round)."""
+    client = config.client.model_copy(update={"local_steps": steps, "local_epochs": None})
+    return config.model_copy(update={"client": client})
 
 
 def measured_config(config: Config, layout: Layout, steps: int = MEASURED_STEPS) -> Config:
     """``config`` with ``layout`` set explicitly, the hand rules, and a short local budget (``steps`` steps
     a client)."""
-    client = config.client.model_copy(update={"local_steps": steps, "local_epochs": None})
-    return with_layout(config.model_copy(update={"client": client}), layout)
+    return with_layout(short_budget(config, steps), layout)
 
 
 def with_layout(config: Config, layout: Layout) -> Config:
@@ -272,3 +290,102 @@ def _probe(config: Config, rules: Layout, build: Callable[[Config], Any]) -> flo
 
 def _ms(value) -> str:
     return f"{value * 1e3:.1f} ms" if isinstance(value, float) else "not measured"
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+MEMBER_CHUNKS = (1, 2, 4, 8)  # besides the whole share
+SEPARATE = "separate runs"
+
+
+def candidate_member_chunks(share: int, rule: int | None) -> list[int | None]:
+    """The rule's (``None``: separate runs), then members 1, 2, 4 and 8 at a time and the whole share, those
+    that divide the share, then separate runs."""
+    found: list[int | None] = [rule]
+    for chunk in (*MEMBER_CHUNKS, share, None):
+        if chunk not in found and (chunk is None or (chunk <= share and share % chunk == 0)):
+            found.append(chunk)
+    return found
+
+
+def member_label(chunk: int | None) -> str:
+    return SEPARATE if chunk is None else f"{chunk} member(s) vmapped at a time"
+
+
+def choose_member_chunk(key: str, *, rule: int | None, share: int, members: int, rounds: int,
+                        steps_ratio: float, time_program: Callable[[int], tuple[float, float]],
+                        time_run: Callable[[], tuple[float, float]]) -> tuple[int | None, dict]:
+    """The fastest way to run a sweep's members that share one program: ``(chunk, info)``, the members
+    vmapped at a time, or ``None`` for separate runs one after another.
+
+    Each way is judged by the sweep's whole predicted time: its compilation (the first call's time less a
+    round's) plus ``rounds`` measured rounds scaled by ``steps_ratio`` (the run's local steps over the
+    measured ones). One program compiles once; separate runs compile once each, and run ``members`` times one
+    member's rounds. As for a run's layout, a way replaces the rule's only when :data:`MARGIN` faster; a
+    member's measured round over :data:`MAX_PROBE_SECONDS` keeps the rule untimed; the choice is cached under
+    ``key``.
+
+    Args:
+      key: the cache key (:func:`layout_key`, the members and the rounds).
+      rule: what the hand rules give (``sweep.default_member_chunk``).
+      share: the members each device runs.
+      members: the number of members.
+      rounds: the sweep's rounds.
+      steps_ratio: a run round's local steps over a measured round's.
+      time_program: ``(first call, round)`` seconds of the sweep program with the given member chunk.
+      time_run: ``(first call, round)`` seconds of one member run alone.
+    """
+    cached = read_cache(key)
+    if cached is not None:
+        return cached["member_chunk"], {**cached, "how": "cached", "cache": str(cache_path())}
+    print("fedjax-lab: timing the sweep's member chunks (once per device, model and shapes; "
+          "rounds.layout=rules skips this)", file=sys.stderr, flush=True)
+
+    def predicted(first: float, round_seconds: float, copies: int = 1) -> dict[str, float]:
+        compile_seconds = max(first - round_seconds, 0.0)
+        total = copies * (compile_seconds + rounds * steps_ratio * round_seconds)
+        return {"compile_s": compile_seconds, "round_s": round_seconds, "predicted_s": total}
+
+    first, one = time_run()
+    timings: dict[str, Any] = {SEPARATE: predicted(first, one, copies=members)}
+    if one > MAX_PROBE_SECONDS:
+        best, why = rule, (f"a member's round of {MEASURED_STEPS} local steps took {one:.1f} s: timing every "
+                           "member chunk would take minutes, so the rules stand (--chunk N chooses)")
+    else:
+        for chunk in candidate_member_chunks(share, rule):
+            if chunk is not None:
+                try:
+                    timings[member_label(chunk)] = predicted(*time_program(chunk))
+                except (ConfigError, MemoryError) as exc:
+                    timings[member_label(chunk)] = f"skipped: {exc}"
+
+        def seconds(chunk):
+            value = timings[member_label(chunk)]
+            return value["predicted_s"] if isinstance(value, dict) else math.inf
+
+        best = min(candidate_member_chunks(share, rule), key=seconds)
+        if not seconds(best) * MARGIN < seconds(rule):
+            best = rule
+        why = _member_why(best, rule, {k: v["predicted_s"] if isinstance(v, dict) else v
+                                       for k, v in timings.items()})
+    entry = {"member_chunk": best, "rules": rule, "why": why, "measured": timings,
+             "measured_steps": MEASURED_STEPS, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_cache(key, entry)
+    return best, {**entry, "how": "measured", "cache": str(cache_path())}
+
+
+def _member_why(best: int | None, rule: int | None, predicted: dict[str, Any]) -> str:
+    """The sentence saying why ``best`` was chosen from each way's ``predicted`` seconds."""
+    chosen, ruled = predicted[member_label(best)], predicted[member_label(rule)]
+    if best == rule:
+        return (f"the rules' {member_label(rule)} (predicted {_s(ruled)} for the sweep) stands: none of the "
+                f"other {len(predicted) - 1} measured ways was 5 % faster")
+    if not isinstance(ruled, float):
+        return (f"{member_label(best)} is the fastest of {len(predicted)} measured ways "
+                "(the rules' could not run)")
+    return (f"{member_label(best)} (predicted {_s(chosen)} for the sweep, compilation included) is the "
+            f"fastest of {len(predicted)} measured ways, {ruled / chosen:.2f}x the rules' "
+            f"{member_label(rule)}")
+
+
+def _s(value) -> str:
+    return f"{value:.1f} s" if isinstance(value, float) else "not measured"

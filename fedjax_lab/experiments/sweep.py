@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
 from fedjax_lab.engine.sharding import client_mesh
 from fedjax_lab.engine.simulation import map_cohort
-from fedjax_lab.experiments import hyperparams, privacy
+from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.classifiers import CONV_MODELS
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
@@ -160,44 +161,84 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     if member_chunk is not None and member_chunk < 1:
         raise ConfigError(f"--chunk must be at least 1, got {member_chunk}")
     members = expand(config, grid)
-    reason = why_not_one_program(members) if len(members) > 1 else "a single member"
-    chunk = member_chunk or default_member_chunk(len(members), jax.default_backend(), config.model.name)
-    if reason is None and chunk is None:
-        reason = (f"{config.model.name} is convolutional: on CPU its vmapped members run slower than "
-                  "separate runs; --chunk N vmaps them anyway")
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
+    reason = why_not_one_program(members) if len(members) > 1 else "a single member"
+    chunk, measured = member_chunk, None
+    if reason is None:
+        chunk, measured = _member_chunk(members, member_chunk)
+    if reason is None and chunk is None:
+        reason = measured["why"] if measured else (
+            f"{config.model.name} is convolutional: on CPU its vmapped members run slower than separate "
+            "runs; --chunk N vmaps them anyway")
     if overwrite and sweep_dir.exists():  # the members' runs and the table; nothing else in the folder
         for member in members:
             clear_run(sweep_dir / member.name)
-        for name in ("sweep.json", "sweep.md", "curves.png"):
+        for name in ("sweep.json", "sweep.md", "curves.png", "layout.json"):
             (sweep_dir / name).unlink(missing_ok=True)
+    if measured is not None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(sweep_dir / "layout.json", json.dumps(measured, indent=1) + "\n")
     start = time.perf_counter()
     if reason is None:
-        devices = sweep_devices(config)
-        if len(members) % devices:
-            raise ConfigError(f"parallel.devices={devices} must divide the number of members "
-                              f"({len(members)})")
-        share = len(members) // devices
-        chunk = min(chunk, share) if member_chunk is None else chunk
+        share = len(members) // sweep_devices(config)
         if share % chunk:
             raise ConfigError(f"--chunk must divide each device's share of the members ({share}), got "
                               f"{chunk}")
-        layout = f"one program, {chunk} member(s) vmapped at a time" + (
+        devices = sweep_devices(config)
+        arrangement = f"one program, {chunk} member(s) vmapped at a time" + (
             f" on each of {devices} devices" if devices > 1 else "")
-        print(f"fedjax-lab: sweep of {len(members)} members as {layout}", file=sys.stderr)
+        print(f"fedjax-lab: sweep of {len(members)} members as {arrangement}", file=sys.stderr)
         with StopOnSignal(f"the sweep in {sweep_dir}") as stop_request:
             summaries = _run_together(members, sweep_dir, chunk, resume, progress, stop_after_round,
                                       stop_request)
     else:
-        layout = f"one after another ({reason})"
-        print(f"fedjax-lab: sweep of {len(members)} members runs {layout}", file=sys.stderr)
+        arrangement = f"one after another ({reason})"
+        print(f"fedjax-lab: sweep of {len(members)} members runs {arrangement}", file=sys.stderr)
         for member in members:  # every member's directory checked before any runs
             check_run_directory(member.config, sweep_dir / member.name, resume, overwrite=False)
         with StopOnSignal(f"the sweep in {sweep_dir}"):
             summaries = [run_experiment(m.config, sweep_dir / m.name, resume=resume, progress=progress,
                                         stop_after_round=stop_after_round) for m in members]
-    return write_sweep_report(sweep_dir, members, summaries, grid, layout, time.perf_counter() - start)
+    return write_sweep_report(sweep_dir, members, summaries, grid, arrangement, time.perf_counter() - start)
+
+
+def _member_chunk(members: list[Member], given: int | None) -> tuple[int | None, dict | None]:
+    """The members vmapped at once (``None``: separate runs) of members that share one program, and how it
+    was measured (``None`` unless it was): ``given`` (``--chunk``) if set, else the rules', or the measured
+    fastest with ``rounds.layout: measure`` (:func:`.layout.choose_member_chunk`)."""
+    config = members[0].config
+    devices = sweep_devices(config)
+    if len(members) % devices:
+        raise ConfigError(f"parallel.devices={devices} must divide the number of members ({len(members)})")
+    if given is not None:
+        return given, None
+    share = len(members) // devices
+    rule = default_member_chunk(len(members), jax.default_backend(), config.model.name)
+    rule = None if rule is None else min(rule, share)
+    if config.rounds.layout != "measure":
+        return rule, None
+    short = [dataclasses.replace(m, config=layout.short_budget(m.config)) for m in members]
+    experiment = build_experiment(short[0].config)  # also the cohort's own layout, measured or cached
+    dataset, client = experiment.dataset, config.client
+    steps = client.local_steps or client.local_epochs * math.ceil(
+        float(np.median(dataset.client_train_counts)) / client.batch_size)
+    key = json.loads(layout.layout_key(config, tuple(dataset.input_shape), config.rounds.clients_per_round))
+    key = json.dumps({**key, "sweep_members": len(members), "sweep_share": share, "local_steps": steps,
+                      "rounds": config.rounds.num_rounds}, sort_keys=True)
+
+    def time_program(chunk: int) -> tuple[float, float]:
+        program = build_sweep_program(short, chunk)
+        return layout.timed_calls(lambda states: program.run(states, 1), program.initial_states())
+
+    def time_run() -> tuple[float, float]:
+        return layout.timed_calls(lambda state: experiment.run_rounds(state, experiment.inputs, num_rounds=1),
+                                  experiment.initial_state())
+
+    chosen, info = layout.choose_member_chunk(
+        key, rule=rule, share=share, members=len(members), rounds=config.rounds.num_rounds,
+        steps_ratio=steps / layout.MEASURED_STEPS, time_program=time_program, time_run=time_run)
+    return chosen, {**info, "key": json.loads(key)}
 
 
 def sweep_devices(config: Config) -> int:
