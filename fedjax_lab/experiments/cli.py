@@ -51,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--resume", action="store_true", help="continue every member from its latest "
                                                              "checkpoint")
     sweep.add_argument("--overwrite", action="store_true", help="replace an existing sweep")
-    sweep.add_argument("--chunk", type=_positive_int, help="members vmapped at once, >= 1 (default: all on "
-                                                           "an accelerator; on CPU 8 for dense models, "
-                                                           "separate runs for CNNs)")
+    sweep.add_argument("--chunk", type=_positive_int, help="members vmapped at once, >= 1 (default: the "
+                                                           "fastest way, measured once and cached; with "
+                                                           "rounds.layout=rules all on an accelerator, on "
+                                                           "CPU 8 for dense models, separate runs for CNNs)")
     sweep.add_argument("--yes", action="store_true", help=f"run a grid of more than {LARGE_GRID} members")
     sweep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     part = sub.add_parser("partition", help="build a config's clients and report them, without training")

@@ -4,7 +4,8 @@
 members (each a full config, written to its own run directory) and, when the members differ only in their seed
 and data fields (``hyperparams.py``), runs them as one program: the loop state is stacked over the members and
 ``vmap``-ed, ``member_chunk`` members at a time (``lax.map`` over the chunks bounds memory, as ``chunk_size``
-does for the cohort), and split over ``parallel.devices`` devices. Members that change shapes or structure (a
+does for the cohort; unset, the fastest way is measured: ``layout.choose_member_chunk``), and split over
+``parallel.devices`` devices. Members that change shapes or structure (a
 model size, the cohort, the method) run one after another instead, and the sweep says so. Either way each
 member's directory is an ordinary run directory (``config.yaml``, ``metrics.jsonl``, checkpoints,
 ``summary.json``, ``curves.png``) that ``fedjax-lab run --resume`` continues, and the sweep writes
