@@ -155,7 +155,8 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
       grid: ``{path: [values]}``.
       sweep_dir: where the members' run directories and the sweep table go (default ``runs/sweep``).
       resume, overwrite: as for a single run, for every member.
-      member_chunk: members vmapped at once (must divide their number); default per backend.
+      member_chunk: members vmapped at once (must divide their number); default measured (``rounds.layout:
+        measure``) or the rules (``default_member_chunk``).
       stop_after_round: stop early, as an interruption would.
     """
     sweep_dir = Path(sweep_dir or "runs/sweep")
