@@ -42,15 +42,21 @@ warm-up call, as the median of ``--reps`` timed repetitions, each lasting at lea
   peak RSS of the subprocess, which includes the data and, for ``torch_loop``, the JAX copy of the data it was
   built from; GPU: ``peak_bytes_in_use`` of the JAX device or ``torch.cuda.max_memory_allocated``);
 * engine / way: the engine's examples/s over the way's, both measured in the same invocation;
-* FLOP/s: model FLOPs per round over the measured round time, and that over the device's peak float32 FLOP/s.
+* FLOP/s: model FLOPs per round over the measured round time, and that over the device's peak float32 FLOP/s
+  and, on a GPU, over its tensor-core peak (TF32 for float32 rows, bfloat16 for ``engine_bf16``); bytes/s:
+  the fewest bytes a client step must move (its parameters read twice and written once, its batch read:
+  ``step_min_bytes``) times the steps of a round, over the round time and over the GPU's memory bandwidth.
+  That share is how close a way comes to the bandwidth bound, the MLP's, whose products are too small for
+  the arithmetic units.
   Model FLOPs are XLA's ``cost_analysis()['flops']`` of one client step (forward, backward and update on one
   batch, compiled with XLA's own convolution so that the banded CPU lowering's extra multiplications by zero
   are not counted) times ``cohort x local_steps``. XLA's cost analysis of the whole ``run_rounds`` program
   (recorded as ``xla_run_rounds_flops``) counts the body of every loop once, not once per trip: it is short by
-  the factor ``local_steps x cohort / chunk_size`` and is not used for the rate. The peak is a table of
-  non-tensor-core float32 peaks by GPU name (H100 SXM and H200: 67 TFLOP/s; JAX may run float32 matrix
-  products on TF32 tensor cores, so above 100% is possible), or on CPU an estimate: cores x clock x
-  FLOPs/cycle (64 with AVX-512, two FMA units assumed; 32 with AVX2 + FMA), from ``/proc/cpuinfo``.
+  the factor ``local_steps x cohort / chunk_size`` and is not used for the rate. The peaks are a table by GPU
+  name (``GPU_PEAKS``, data sheets, tensor cores without sparsity; H100 SXM: 67 TFLOP/s float32, 494.5 TF32,
+  989.5 bfloat16, 3.35 TB/s; JAX may run float32 matrix products on TF32 tensor cores, so above 100% of the
+  float32 peak is possible), or on CPU an estimate of float32 only: cores x clock x FLOPs/cycle (64 with
+  AVX-512, two FMA units assumed; 32 with AVX2 + FMA), from ``/proc/cpuinfo``.
 
 A configuration that runs past ``--timeout`` seconds is killed and reported as ``skipped (timeout N s)``, and
 the same (model, way) is not tried at larger cohorts; with ``--skip-slow`` (the default) a configuration whose
@@ -101,11 +107,23 @@ WORKLOADS = {
     "simple_cnn": ("cifar10", {"name": "simple_cnn"}, 25, 0.01),
     "resnet18": ("cifar10", {"name": "resnet18", "norm": "batch"}, 25, 0.01),
 }
-# Non-tensor-core float32 peaks (FLOP/s), first match of the device name wins (vendor data sheets).
-GPU_PEAK_FP32 = (
-    ("H200", 67e12), ("H100 PCIe", 51e12), ("H100 NVL", 60e12), ("H100", 67e12), ("GH200", 67e12),
-    ("A100", 19.5e12), ("A10G", 31.2e12), ("A10", 31.2e12), ("L40S", 91.6e12), ("L4", 30.3e12),
-    ("V100", 15.7e12), ("T4", 8.1e12), ("RTX 4090", 82.6e12), ("RTX 3090", 35.6e12),
+# Peaks by GPU name, first match wins (vendor data sheets; tensor-core figures dense, without the 2:4
+# sparsity the sheets quote first): float32 without tensor cores, TF32 and bfloat16 on tensor cores (FLOP/s),
+# and memory bandwidth (bytes/s); None where the sheet gives none we trust.
+GPU_PEAKS = (
+    # name, float32, TF32 tensor, bfloat16 tensor, memory bandwidth
+    ("H200", 67e12, 494.5e12, 989.5e12, 4.8e12),
+    ("H100 PCIe", 51e12, 378e12, 756.5e12, 2.0e12),
+    ("H100 NVL", 60e12, 417.5e12, 835.5e12, 3.9e12),
+    ("H100", 67e12, 494.5e12, 989.5e12, 3.35e12),
+    ("GH200", 67e12, 494.5e12, 989.5e12, 4.0e12),
+    ("A100-SXM4-80GB", 19.5e12, 156e12, 312e12, 2.039e12),
+    ("A100-PCIE-80GB", 19.5e12, 156e12, 312e12, 1.935e12),
+    ("A100", 19.5e12, 156e12, 312e12, 1.555e12),
+    ("A10G", 31.2e12, None, None, None), ("A10", 31.2e12, None, None, None),
+    ("L40S", 91.6e12, None, None, None), ("L4", 30.3e12, None, None, None),
+    ("V100", 15.7e12, None, None, None), ("T4", 8.1e12, None, None, None),
+    ("RTX 4090", 82.6e12, None, None, None), ("RTX 3090", 35.6e12, None, None, None),
 )
 
 log = mlp_bench.log
@@ -166,19 +184,43 @@ def build(model: str, cohort: int, local_steps: int, seed: int = 0, chunk_size: 
 def cost_flops(compiled) -> float | None:
     """``cost_analysis()['flops']`` of a compiled JAX program (a dict, or a list of dicts in some
     versions)."""
+    return compiled_cost(compiled)[0]
+
+
+def compiled_cost(compiled) -> tuple[float | None, float | None]:
+    """``(flops, bytes accessed)`` from XLA's ``cost_analysis()`` of a compiled program (``None`` where it
+    has none)."""
     try:
         analysis = compiled.cost_analysis()
     except Exception as exc:  # noqa: BLE001 - not every backend has a cost model
         log(f"no cost analysis: {exc}")
-        return None
+        return None, None
     entries = analysis if isinstance(analysis, (list, tuple)) else [analysis]
-    flops = [float(e["flops"]) for e in entries if e and e.get("flops") is not None]
-    return sum(flops) if flops else None
+
+    def total(key: str) -> float | None:
+        values = [float(e[key]) for e in entries if e and e.get(key) is not None]
+        return sum(values) if values else None
+
+    return total("flops"), total("bytes accessed")
 
 
-def step_flops(experiment) -> float | None:
-    """XLA's FLOPs of one client step (one batch: forward, backward, optimiser update), with XLA's own
-    convolution (the model's FLOPs, not those of the banded CPU lowering)."""
+def step_min_bytes(experiment) -> float:
+    """The fewest bytes one client step moves through memory: the float32 parameters read by the forward and
+    the backward pass and written by the update, and the batch's inputs (activations and a momentum, if any,
+    left out). It bounds a step's time from below by ``bytes / bandwidth``: the MLP's bound, whose products
+    are too small to keep the arithmetic units busy."""
+    import jax
+
+    params = jax.eval_shape(experiment.classifier.init, jax.random.key(0))
+    num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+    inputs = math.prod(experiment.dataset.input_shape) * experiment.config.client.batch_size
+    return 4.0 * (3 * num_params + inputs)
+
+
+def step_cost(experiment) -> tuple[float | None, float]:
+    """``(FLOPs, bytes)`` of one client step (one batch: forward, backward, optimiser update): XLA's FLOPs
+    with its own convolution (the model's FLOPs, not those of the banded CPU lowering), and
+    :func:`step_min_bytes`."""
     import dataclasses
 
     import jax
@@ -207,7 +249,8 @@ def step_flops(experiment) -> float | None:
     args = (jax.eval_shape(clf.init, jax.random.key(0)), inputs.train_arrays, inputs.client_example_ids,
             inputs.client_num_examples, inputs.key)
     args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), args)
-    return cost_flops(jax.jit(one_step).lower(*args).compile())
+    flops = compiled_cost(jax.jit(one_step).lower(*args).compile())[0]
+    return flops, step_min_bytes(experiment)
 
 
 def engine_call(experiment, rounds: int):
@@ -594,10 +637,12 @@ def run_worker(cfg: dict) -> dict:
                rss_before_mb=rss_before, peak_rss_mb=mlp_bench.peak_rss_mb(),
                device_peak_bytes=device_peak_bytes(way))
     if cfg.get("flops_per_example") is None:
-        flops = step_flops(experiments[0])
+        flops, moved = step_cost(experiments[0])
         out["flops_per_example"] = flops / WORKLOADS[model][2] if flops else None
+        out["bytes_per_example"] = moved / WORKLOADS[model][2] if moved else None
     else:
         out["flops_per_example"] = cfg["flops_per_example"]
+        out["bytes_per_example"] = cfg.get("bytes_per_example")
     return out
 
 
@@ -629,7 +674,8 @@ def info_worker() -> dict:
         info["device_name"] = f"{info.get('cpu_model')} ({info.get('cores_available')} cores)"
     else:
         info["device_name"] = dev.device_kind
-    info["peak_flops"], info["peak_flops_source"] = peak_flops(info)
+    info["peaks"] = device_peaks(info)
+    info["peak_flops"], info["peak_flops_source"] = info["peaks"]["fp32"], info["peaks"]["source"]
     return info
 
 
@@ -643,14 +689,23 @@ def cpu_clock_hz(text: str) -> tuple[float | None, str]:
     return (max(mhz) * 1e6, "cpu MHz") if mhz else (None, "unknown")
 
 
-def peak_flops(info: dict) -> tuple[float | None, str]:
-    """The device's peak float32 FLOP/s and how it was obtained."""
+def device_peaks(info: dict) -> dict:
+    """The device's peaks: ``fp32`` (FLOP/s) and its ``source``; on a GPU of :data:`GPU_PEAKS` also ``tf32``
+    and ``bf16`` (tensor-core FLOP/s) and ``bandwidth`` (bytes/s), ``None`` where unknown."""
+    peaks = {"tf32": None, "bf16": None, "bandwidth": None}
     if info.get("jax_backend") not in ("cpu", None):
         name = info.get("device_kind", "")
-        for key, value in GPU_PEAK_FP32:
+        for key, fp32, tf32, bf16, bandwidth in GPU_PEAKS:
             if key.lower() in name.lower():
-                return value, f"table: {key} float32 non-tensor-core peak {value / 1e12:g} TFLOP/s"
-        return None, f"no peak known for {name!r}"
+                return {"fp32": fp32, "tf32": tf32, "bf16": bf16, "bandwidth": bandwidth,
+                        "source": f"table: {key} (float32 {fp32 / 1e12:g} TFLOP/s without tensor cores)"}
+        return {**peaks, "fp32": None, "source": f"no peak known for {name!r}"}
+    fp32, source = peak_flops(info)
+    return {**peaks, "fp32": fp32, "source": source}
+
+
+def peak_flops(info: dict) -> tuple[float | None, str]:
+    """The CPU's peak float32 FLOP/s, estimated, and how it was obtained (see :func:`device_peaks`)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -734,16 +789,25 @@ def model_label(row: dict) -> str:
     return f"{row['model']} sweep x{row['members']}" if row.get("sweep") else row["model"]
 
 
-def finish_rows(rows: list[dict], peak: float | None) -> None:
-    """FLOP/s, % of peak and the engine / way ratios (within these rows, i.e. one invocation)."""
+def finish_rows(rows: list[dict], peaks: dict) -> None:
+    """FLOP/s and bytes/s, their share of the device's peaks, and the engine / way ratios (within these rows,
+    i.e. one invocation). The tensor-core peak of a row is bfloat16's for ``engine_bf16``, TF32's otherwise
+    (float32 matrix products may run on TF32 tensor cores)."""
+    def percent(value, peak):
+        return 100 * value / peak if value and peak else None
+
     for r in rows:
         if r.get("status") != "ok":
             continue
-        fpe = r.get("flops_per_example")
+        fpe, bpe = r.get("flops_per_example"), r.get("bytes_per_example")
         r["flops_per_round"] = (fpe * examples_per_round(r["model"], r["cohort"], r["local_steps"]) if fpe
                                 else None)
         r["flops_per_s"] = fpe * r["examples_per_s"] if fpe else None
-        r["percent_of_peak"] = 100 * r["flops_per_s"] / peak if r["flops_per_s"] and peak else None
+        r["bytes_per_s"] = bpe * r["examples_per_s"] if bpe else None
+        r["percent_of_peak"] = percent(r["flops_per_s"], peaks.get("fp32"))
+        tensor = peaks.get("bf16" if r["way"] == "engine_bf16" else "tf32")
+        r["percent_of_tensor_peak"] = percent(r["flops_per_s"], tensor)
+        r["percent_of_bandwidth"] = percent(r["bytes_per_s"], peaks.get("bandwidth"))
     for r in rows:
         if r.get("status") != "ok":
             continue
@@ -771,13 +835,20 @@ def way_detail(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict], gpu: bool) -> str:
+    """The rows as a table: speed, memory, the engine's ratio, and FLOP/s and bytes/s against the peaks (on a
+    GPU: float32, the tensor cores' TF32 or bfloat16, the memory bandwidth)."""
     head = ("| model | cohort | way | examples/s | rounds/s | compile s | peak memory | engine÷way | FLOP/s "
-            "| % of peak |")
-    lines = [head, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| % of fp32 peak |")
+    extra = " % of tensor-core peak | bytes/s | % of bandwidth |" if gpu else ""
+    lines = [head + extra, "| --- | ---: | --- |" + " ---: |" * (7 + 3 * gpu)]
+
+    def pct(value):
+        return "-" if value is None else f"{value:.2f}%"
+
     for r in rows:
         lead = f"| {model_label(r)} | {r['cohort']} | {r['way']}{way_detail(r)} |"
         if r.get("status") != "ok":
-            lines.append(f"{lead} {r['status']} ({r['note']}) | - | - | - | - | - | - |")
+            lines.append(f"{lead} {r['status']} ({r['note']}) |" + " - |" * (6 + 3 * gpu))
             continue
         if gpu and r.get("device_peak_bytes") is not None:
             mem = f"{r['device_peak_bytes'] / 2**30:.2f} GiB dev"
@@ -785,9 +856,12 @@ def markdown_table(rows: list[dict], gpu: bool) -> str:
             mem = f"{r['peak_rss_mb']:,.0f} MB RSS"
         ratio = "-" if r.get("engine_over_way") is None else f"{r['engine_over_way']:.2f}x"
         compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
-        pct = "-" if r.get("percent_of_peak") is None else f"{r['percent_of_peak']:.2f}%"
-        lines.append(f"{lead} {r['examples_per_s']:,.0f} | {r['rounds_per_s']:.3g} | {compile_s} | {mem} | "
-                     f"{ratio} | {human(r.get('flops_per_s'), 'FLOP/s')} | {pct} |")
+        line = (f"{lead} {r['examples_per_s']:,.0f} | {r['rounds_per_s']:.3g} | {compile_s} | {mem} | "
+                f"{ratio} | {human(r.get('flops_per_s'), 'FLOP/s')} | {pct(r.get('percent_of_peak'))} |")
+        if gpu:
+            line += (f" {pct(r.get('percent_of_tensor_peak'))} | {human(r.get('bytes_per_s'), 'B/s')} | "
+                     f"{pct(r.get('percent_of_bandwidth'))} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -917,7 +991,7 @@ def main(argv=None) -> None:
 
     def save(final: bool) -> tuple[Path, dict]:
         """Writes the rows so far (after every configuration, so a run cut off keeps what it measured)."""
-        finish_rows(rows, peak)
+        finish_rows(rows, info["peaks"])
         for r in rows:
             r["run"] = run_id
         table = markdown_table(rows, gpu)
@@ -946,7 +1020,7 @@ def main(argv=None) -> None:
                                 "table": f"{header}\n\n{table}"})
         payload["rows"] += rows
         payload["device"] = {"name": info["device_name"], "backend": backend, "peak_flops": peak,
-                             "peak_flops_source": info["peak_flops_source"]}
+                             "peak_flops_source": info["peak_flops_source"], "peaks": info["peaks"]}
         payload["versions"] = info["versions"]
         payload["workloads"] = {m: {"dataset": d, "model": c, "batch_size": b, "client_lr": lr,
                                     "num_clients": NUM_CLIENTS, "partition": "iid",
@@ -987,7 +1061,8 @@ def main(argv=None) -> None:
             continue
         log(f"[{i}/{len(configs)}] {label} ...")
         # A sweep's engine row is one program; its other rows are separate runs, one per seed.
-        cfg_run = dict(cfg, flops_per_example=flops_cache.get(cfg["model"]),
+        cfg_run = dict(cfg, flops_per_example=flops_cache.get(cfg["model"], (None, None))[0],
+                       bytes_per_example=flops_cache.get(cfg["model"], (None, None))[1],
                        way="engine" if cfg["way"] == "engine_runs" else cfg["way"],
                        program=cfg["sweep"] and cfg["way"] == "engine")
         # The torch worker builds its data with JAX on the CPU, leaving the GPU to PyTorch.
@@ -1000,7 +1075,7 @@ def main(argv=None) -> None:
         else:
             row.update(status="ok", subprocess_wall_s=wall, **res)
             if res.get("flops_per_example"):
-                flops_cache.setdefault(cfg["model"], res["flops_per_example"])
+                flops_cache.setdefault(cfg["model"], (res["flops_per_example"], res.get("bytes_per_example")))
             compiled = "-" if res["compile_s"] is None else f"{res['compile_s']:.1f}"
             log(f"    {res['examples_per_s']:,.0f} examples/s, {res['rounds_per_s']:.3g} rounds/s, compile "
                 f"{compiled} s, peak RSS {res['peak_rss_mb']:,.0f} MB  [{wall:.0f} s, "
