@@ -4,6 +4,7 @@ dp-accounting called directly, adaptive clipping against its target, and privacy
 import json
 import math
 
+import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,13 +195,15 @@ def test_the_pld_accountant_counts_the_truncated_poisson_round():
         assert curve[r] == pytest.approx(one_at_a_time.get_epsilon(1e-4), rel=1e-12)
     assert curve[3] == pytest.approx(accountant.get_epsilon(1e-4), rel=1e-6)  # the counts composed at once
     assert list(curve) == [1, 2, 3] and 0 not in curve and 4 not in curve and curve.get(4) is None
+    assert np.int64(2) in curve and curve[np.int64(2)] == curve[2]
 
 
 def test_an_error_in_the_accountant_s_thread_is_raised_where_the_curve_is_read():
     unsupported = accounting.Mechanism(num_clients=50, sampling="fixed", clients_per_round=5, slots=5,
                                        noise_multiplier=1.0, accountant="pld")  # refused before a run
-    with pytest.raises(Exception, match="SampledWithoutReplacement"):
+    with pytest.raises(RuntimeError, match="counting ε after round 1 failed") as raised:
         accounting.EpsilonCurve(unsupported, 2, 1e-5)[1]
+    assert isinstance(raised.value.__cause__, dp_accounting.UnsupportedEventError)
 
 
 def test_fixed_size_sampling_is_counted_with_the_replace_one_sensitivity():

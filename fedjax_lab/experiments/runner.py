@@ -314,7 +314,6 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients,
-                                       experiment.epsilons)}
+        **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients)}
            if experiment.config.privacy is not None else {}),
     }

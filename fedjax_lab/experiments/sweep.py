@@ -456,8 +456,7 @@ def _finish_members(program: SweepProgram, members: list[Member], directories: l
         summary = {**_summarise(d, timings, experiment), "diverged": diverged[i],
                    "sweep_members_per_program": len(members)}
         if program.configs[i].privacy is not None:
-            summary["privacy"] = privacy.privacy_summary(program.configs[i], experiment.dataset.num_clients,
-                                                         program.epsilons[i])
+            summary["privacy"] = privacy.privacy_summary(program.configs[i], experiment.dataset.num_clients)
         if int(states.round[0]) == total or diverged[i]:
             d.write_summary(summary)
             from fedjax_lab.experiments.plots import plot_runs

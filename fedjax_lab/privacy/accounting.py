@@ -17,11 +17,11 @@ Imports no JAX.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import math
+import numbers
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -91,17 +91,16 @@ def round_event(mechanism: Mechanism, noise_multiplier: float | None = None) -> 
                                                        noise_multiplier=z)
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silences the RDP accountant's warnings about fractional orders it leaves out (they do not change the
-    bound, which is the minimum over the orders it can compute)."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+class _LeftOutOrders(logging.Filter):
+    """Drops the RDP accountant's warnings about fractional orders it leaves out: they do not change the
+    bound, which is the minimum over the orders it can compute. A filter on its logger, installed once, where
+    setting the logger's level around each call would race with the counting threads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("_compute_log_a_frac failed to converge")
+
+
+logging.getLogger("absl").addFilter(_LeftOutOrders())
 
 
 def make_accountant(mechanism: Mechanism) -> dp_accounting.PrivacyAccountant:
@@ -121,9 +120,8 @@ def epsilon(mechanism: Mechanism, rounds: int, delta: float) -> float:
     if mechanism.noise_multiplier == 0:
         return math.inf
     accountant = make_accountant(mechanism)
-    with _quiet():
-        accountant.compose(round_event(mechanism), rounds)
-        return float(accountant.get_epsilon(delta))
+    accountant.compose(round_event(mechanism), rounds)
+    return float(accountant.get_epsilon(delta))
 
 
 def _epsilons_one_round_at_a_time(mechanism: Mechanism, rounds: int, delta: float) -> Iterator[float]:
@@ -139,13 +137,15 @@ def _epsilons_one_round_at_a_time(mechanism: Mechanism, rounds: int, delta: floa
         for r in range(1, rounds + 1):
             yield epsilon(mechanism, r, delta)
         return
-    with _quiet():
-        one, running = make_accountant(mechanism), make_accountant(mechanism)
-        one.compose(round_event(mechanism))
-        step = one._pld  # the library keeps its composed distribution here, with no getter
-        for _ in range(rounds):
+    one, running = make_accountant(mechanism), make_accountant(mechanism)
+    one.compose(round_event(mechanism))
+    step = getattr(one, "_pld", None)  # the library keeps its composed distribution here, with no getter
+    for _ in range(rounds):
+        if step is None:  # a version that keeps it elsewhere: the accountant's own, slower, composition
+            running.compose(round_event(mechanism))
+        else:
             running._pld = running._pld.compose(step)  # what its compose(event) does
-            yield float(running.get_epsilon(delta))
+        yield float(running.get_epsilon(delta))
 
 
 class EpsilonCurve(Mapping[int, float]):
@@ -176,7 +176,7 @@ class EpsilonCurve(Mapping[int, float]):
                 self._changed.notify_all()
 
     def __contains__(self, r: object) -> bool:
-        return isinstance(r, int) and 1 <= r <= self._rounds
+        return isinstance(r, numbers.Integral) and 1 <= r <= self._rounds
 
     def __getitem__(self, r: int) -> float:
         if r not in self:
@@ -186,7 +186,7 @@ class EpsilonCurve(Mapping[int, float]):
                 self._thread.start()
             self._changed.wait_for(lambda: r in self._values or self._error is not None)
             if r not in self._values:
-                raise self._error
+                raise RuntimeError(f"counting ε after round {r} failed") from self._error
             return self._values[r]
 
     def __iter__(self) -> Iterator[int]:
@@ -227,11 +227,10 @@ def calibrate(mechanism: Mechanism, rounds: int, target_epsilon: float, delta: f
     def fresh():
         return make_accountant(mechanism)
 
-    with _quiet():
-        top = make_accountant(mechanism)
-        top.compose(event(MAX_NOISE_MULTIPLIER))
-        if top.get_epsilon(delta) > target_epsilon:
-            raise CalibrationError(f"even a noise multiplier of {MAX_NOISE_MULTIPLIER:g} gives ε > "
-                                   f"{target_epsilon} after {rounds} rounds")
-        return float(dp_accounting.calibrate_dp_mechanism(
-            fresh, event, target_epsilon, delta, dp_accounting.LowerEndpointAndGuess(0.0, 1.0), tol=1e-3))
+    top = make_accountant(mechanism)
+    top.compose(event(MAX_NOISE_MULTIPLIER))
+    if top.get_epsilon(delta) > target_epsilon:
+        raise CalibrationError(f"even a noise multiplier of {MAX_NOISE_MULTIPLIER:g} gives ε > "
+                               f"{target_epsilon} after {rounds} rounds")
+    return float(dp_accounting.calibrate_dp_mechanism(
+        fresh, event, target_epsilon, delta, dp_accounting.LowerEndpointAndGuess(0.0, 1.0), tol=1e-3))
