@@ -180,14 +180,34 @@ def test_writes_that_end_after_a_failed_checkpoint_print_nothing_and_other_error
         time.sleep(0.01)
 
     class Broken:
+        def __init__(self, error):
+            self.error = error
+
         def __del__(self):
-            raise ValueError("another unraisable error")
+            raise self.error
 
     del promise, write  # the abandoned task goes with them, while the asyncio logger is off
-    Broken()
+    Broken(ValueError("another unraisable error"))
+    Broken(RuntimeError("Event loop is closed"))  # the same error raised elsewhere is not a late write
     gc.collect()
-    assert seen == ["Event loop is closed", "another unraisable error"]
-    assert passed_on == ["another unraisable error"]
+    assert seen == ["Event loop is closed", "another unraisable error", "Event loop is closed"]
+    assert passed_on == ["another unraisable error", "Event loop is closed"]
+
+
+def test_a_checkpoint_that_cannot_be_written_installs_the_quiet_hook(tmp_path, monkeypatch):
+    from fedjax_lab.experiments import run_directory
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    directory = run_directory.RunDirectory(tmp_path / "run")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(directory._checkpoints, "save", full_disk)
+    state = type("State", (), {"round": 3})()
+    with pytest.raises(OSError, match="writing the checkpoint of round 3"):
+        directory.save_checkpoint(state)
+    assert getattr(sys.unraisablehook, "quiets_closed_event_loops", False)
 
 
 async def _await(future):

@@ -253,9 +253,12 @@ def _held_stderr():
 
 
 def _is_late_write(unraisable: Any) -> bool:
-    """Whether an unraisable exception is TensorStore finishing a write whose event loop Orbax has closed."""
-    error = unraisable.exc_value
-    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+    """Whether an unraisable exception is TensorStore finishing a write whose event loop Orbax has closed: the
+    closed loop's ``RuntimeError``, raised where TensorStore calls ``loop.call_soon_threadsafe`` itself (the
+    traceback's first frame), not anywhere else."""
+    error, trace = unraisable.exc_value, unraisable.exc_traceback
+    return (isinstance(error, RuntimeError) and str(error) == "Event loop is closed" and trace is not None
+            and trace.tb_frame.f_code.co_name == "call_soon_threadsafe")
 
 
 def _quiet_closed_event_loops() -> None:
