@@ -132,6 +132,7 @@ def test_candidate_member_chunks_are_the_rule_one_two_four_eight_the_share_and_s
     assert candidate_member_chunks(8, 8) == [8, 1, 2, 4, None]
     assert candidate_member_chunks(8, None) == [None, 1, 2, 4, 8]
     assert candidate_member_chunks(6, 2) == [2, 1, 6, None]
+    assert candidate_member_chunks(9, 6) == [1, 9, None]  # a rule that does not divide the share is left out
 
 
 def _choose(**kwargs):
@@ -159,6 +160,19 @@ def test_the_member_chunk_is_chosen_by_the_sweep_s_predicted_time_compilation_in
     assert again == 4 and info["how"] == "cached"
 
 
+def test_a_way_that_runs_out_of_memory_is_skipped_and_any_other_error_raised(cache):
+    def time_program(chunk):
+        if chunk == 4:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 90 GiB")
+        return (1.0, 0.05)
+
+    _, info = _choose(time_program=time_program, time_run=lambda: (0.5, 0.02))
+    assert info["measured"]["4 member(s) vmapped at a time"].startswith("skipped: out of memory")
+    with pytest.raises(ValueError, match="a bug"):
+        _choose(key="bug", time_program=lambda chunk: (_ for _ in ()).throw(ValueError("a bug")),
+                time_run=lambda: (0.5, 0.02))
+
+
 def test_separate_runs_win_when_a_member_alone_is_that_much_faster_and_a_slow_member_keeps_the_rules(cache):
     chosen, info = _choose(key="fast", time_program=lambda chunk: (1.0, 0.05), time_run=lambda: (0.5, 0.001))
     assert chosen is None and "separate runs" in info["why"]
@@ -177,3 +191,16 @@ def test_a_measured_sweep_writes_its_choice_and_the_next_sweep_reads_it(cache, t
     assert summary["layout"].startswith("one program" if written["member_chunk"] else "one after another")
     run_sweep(config, {"seed": [0, 1]}, tmp_path / "sweep", progress=False, overwrite=True)
     assert json.loads((tmp_path / "sweep" / "layout.json").read_text())["how"] == "cached"
+
+
+def test_a_given_chunk_the_rules_and_a_resumed_sweep_measure_nothing(cache, tmp_path, monkeypatch):
+    from fedjax_lab.experiments import sweep as sweep_module
+
+    monkeypatch.setattr(layout_module, "choose_member_chunk", lambda *a, **k: pytest.fail("measured"))
+    members = sweep_module.expand(validate(RAW), {"seed": [0, 1, 2]})
+    assert sweep_module._member_chunk(members, 3, tmp_path, resume=False) == (3, None)
+    rules = sweep_module.expand(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules"}}),
+                                {"seed": [0, 1, 2]})
+    assert sweep_module._member_chunk(rules, None, tmp_path, resume=False) == (3, None)  # 3 divides 3
+    (tmp_path / "layout.json").write_text(json.dumps({"member_chunk": 1, "why": "measured before"}))
+    assert sweep_module._member_chunk(members, None, tmp_path, resume=True)[0] == 1

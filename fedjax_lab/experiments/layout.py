@@ -131,19 +131,14 @@ def write_cache(key: str, entry: dict) -> None:
 def seconds_per_round(experiment, min_calls: int = 2) -> float:
     """The fastest of repeated calls of one round (after a first call, which compiles it): at least
     ``min_calls`` calls, and more until :data:`MIN_SECONDS` have passed."""
-    return fastest_call(lambda state: experiment.run_rounds(state, experiment.inputs, num_rounds=1),
-                        experiment.initial_state(), min_calls)
-
-
-def fastest_call(step: Callable[[Any], Any], state: Any, min_calls: int = 2) -> float:
-    """The fastest of repeated calls ``state, _ = step(state)`` (after a first call, which compiles it): at
-    least ``min_calls`` calls, and more until :data:`MIN_SECONDS` have passed."""
-    return timed_calls(step, state, min_calls)[1]
+    return timed_calls(lambda state: experiment.run_rounds(state, experiment.inputs, num_rounds=1),
+                       experiment.initial_state(), min_calls)[1]
 
 
 def timed_calls(step: Callable[[Any], Any], state: Any, min_calls: int = 2) -> tuple[float, float]:
-    """``(first, fastest)``: the seconds of the first call of ``step`` (compiling it and running once) and
-    the fastest of the repeated calls after it (see :func:`fastest_call`)."""
+    """``(first, fastest)``: the seconds of the first call ``state, _ = step(state)`` (compiling it and
+    running once) and the fastest of the calls after it: at least ``min_calls``, and more until
+    :data:`MIN_SECONDS` have passed (exactly one with ``min_calls=1``)."""
     start = time.perf_counter()
     state, metrics = step(state)
     jax.block_until_ready((state, metrics))
@@ -234,12 +229,8 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
         if label not in timings:
             try:
                 timings[label] = seconds_per_round(build(measured_config(config, layout)))
-            except (ConfigError, MemoryError) as exc:
-                timings[label] = f"skipped: {exc}"
-            except Exception as exc:  # an accelerator's out-of-memory is an XlaRuntimeError
-                if "RESOURCE_EXHAUSTED" not in str(exc) and "Out of memory" not in str(exc):
-                    raise
-                timings[label] = f"skipped: out of memory ({str(exc).splitlines()[0][:200]})"
+            except Exception as exc:  # noqa: BLE001 - _skipped raises again what is not a misfit
+                timings[label] = _skipped(exc)
         value = timings[label]
         return value if isinstance(value, float) else math.inf
 
@@ -261,6 +252,16 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_cache(key, entry)
     return best, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+
+
+def _skipped(exc: Exception) -> str:
+    """Why a candidate was skipped: it did not fit (a ``ConfigError``, a ``MemoryError``, an accelerator's
+    out-of-memory ``XlaRuntimeError``); any other error is raised again."""
+    if isinstance(exc, (ConfigError, MemoryError)):
+        return f"skipped: {exc}"
+    if "RESOURCE_EXHAUSTED" in str(exc) or "Out of memory" in str(exc):
+        return f"skipped: out of memory ({str(exc).splitlines()[0][:200]})"
+    raise exc
 
 
 def _why(best: Layout, rules: Layout, timings: dict[str, Any]) -> str:
@@ -300,14 +301,15 @@ SEPARATE = "separate runs"
 def candidate_member_chunks(share: int, rule: int | None) -> list[int | None]:
     """The rule's (``None``: separate runs), then members 1, 2, 4 and 8 at a time and the whole share, those
     that divide the share, then separate runs."""
-    found: list[int | None] = [rule]
-    for chunk in (*MEMBER_CHUNKS, share, None):
+    found: list[int | None] = []
+    for chunk in (rule, *MEMBER_CHUNKS, share, None):
         if chunk not in found and (chunk is None or (chunk <= share and share % chunk == 0)):
             found.append(chunk)
     return found
 
 
 def member_label(chunk: int | None) -> str:
+    """How a sweep with ``chunk`` members vmapped at a time runs, in words (``None``: separate runs)."""
     return SEPARATE if chunk is None else f"{chunk} member(s) vmapped at a time"
 
 
@@ -345,8 +347,12 @@ def choose_member_chunk(key: str, *, rule: int | None, share: int, members: int,
         total = copies * (compile_seconds + rounds * steps_ratio * round_seconds)
         return {"compile_s": compile_seconds, "round_s": round_seconds, "predicted_s": total}
 
-    first, one = time_run()
-    timings: dict[str, Any] = {SEPARATE: predicted(first, one, copies=members)}
+    timings: dict[str, Any] = {}
+    try:
+        first, one = time_run()
+        timings[SEPARATE] = predicted(first, one, copies=members)
+    except Exception as exc:  # noqa: BLE001 - _skipped raises again what is not a misfit
+        one, timings[SEPARATE] = 0.0, _skipped(exc)
     if one > MAX_PROBE_SECONDS:
         best, why = rule, (f"a member's round of {MEASURED_STEPS} local steps took {one:.1f} s: timing every "
                            "member chunk would take minutes, so the rules stand (--chunk N chooses)")
@@ -355,8 +361,8 @@ def choose_member_chunk(key: str, *, rule: int | None, share: int, members: int,
             if chunk is not None:
                 try:
                     timings[member_label(chunk)] = predicted(*time_program(chunk))
-                except (ConfigError, MemoryError) as exc:
-                    timings[member_label(chunk)] = f"skipped: {exc}"
+                except Exception as exc:  # noqa: BLE001 - as above
+                    timings[member_label(chunk)] = _skipped(exc)
 
         def seconds(chunk):
             value = timings[member_label(chunk)]
@@ -375,10 +381,12 @@ def choose_member_chunk(key: str, *, rule: int | None, share: int, members: int,
 
 def _member_why(best: int | None, rule: int | None, predicted: dict[str, Any]) -> str:
     """The sentence saying why ``best`` was chosen from each way's ``predicted`` seconds."""
-    chosen, ruled = predicted[member_label(best)], predicted[member_label(rule)]
+    chosen, ruled = predicted.get(member_label(best)), predicted.get(member_label(rule))
+    if not isinstance(chosen, float):
+        return "no way could be measured (see measured); the hand rules"
     if best == rule:
         return (f"the rules' {member_label(rule)} (predicted {_s(ruled)} for the sweep) stands: none of the "
-                f"other {len(predicted) - 1} measured ways was 5 % faster")
+                f"other {len(predicted) - 1} measured ways was {(MARGIN - 1) * 100:.0f} % faster")
     if not isinstance(ruled, float):
         return (f"{member_label(best)} is the fastest of {len(predicted)} measured ways "
                 "(the rules' could not run)")

@@ -42,6 +42,7 @@ from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.classifiers import CONV_MODELS
 from fedjax_lab.experiments.config import Config, ConfigError, Grid, apply_override, to_yaml, validate
+from fedjax_lab.experiments.datasets import build_dataset
 from fedjax_lab.experiments.run_directory import (
     RunDirectory,
     clear_run,
@@ -165,19 +166,20 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     members = expand(config, grid)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"sweep directory {str(sweep_dir)!r} is a file")
-    reason = why_not_one_program(members) if len(members) > 1 else "a single member"
-    chunk, measured = member_chunk, None
-    if reason is None:
-        chunk, measured = _member_chunk(members, member_chunk)
-    if reason is None and chunk is None:
-        reason = measured["why"] if measured else (
-            f"{config.model.name} is convolutional: on CPU its vmapped members run slower than separate "
-            "runs; --chunk N vmaps them anyway")
     if overwrite and sweep_dir.exists():  # the members' runs and the table; nothing else in the folder
         for member in members:
             clear_run(sweep_dir / member.name)
         for name in ("sweep.json", "sweep.md", "curves.png", "layout.json"):
             (sweep_dir / name).unlink(missing_ok=True)
+    _refuse_taken(members, sweep_dir, resume)
+    reason = why_not_one_program(members) if len(members) > 1 else "a single member"
+    chunk, measured = member_chunk, None
+    if reason is None:
+        chunk, measured = _member_chunk(members, member_chunk, sweep_dir, resume)
+    if reason is None and chunk is None:
+        reason = measured["why"] if measured else (
+            f"{config.model.name} is convolutional: on CPU its vmapped members run slower than separate "
+            "runs; --chunk N vmaps them anyway")
     if measured is not None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(sweep_dir / "layout.json", json.dumps(measured, indent=1) + "\n")
@@ -205,10 +207,12 @@ def run_sweep(config: Config, grid: Grid, sweep_dir: str | Path | None = None, *
     return write_sweep_report(sweep_dir, members, summaries, grid, arrangement, time.perf_counter() - start)
 
 
-def _member_chunk(members: list[Member], given: int | None) -> tuple[int | None, dict | None]:
+def _member_chunk(members: list[Member], given: int | None, sweep_dir: Path,
+                  resume: bool) -> tuple[int | None, dict | None]:
     """The members vmapped at once (``None``: separate runs) of members that share one program, and how it
-    was measured (``None`` unless it was): ``given`` (``--chunk``) if set, else the rules', or the measured
-    fastest with ``rounds.layout: measure`` (:func:`.layout.choose_member_chunk`)."""
+    was measured (``None`` unless it was): ``given`` (``--chunk``) if set; the rules' with ``rounds.layout:
+    rules`` or several devices (measured on one only); the way a resumed sweep started with; else the measured
+    fastest (:func:`.layout.choose_member_chunk`)."""
     config = members[0].config
     devices = sweep_devices(config)
     if len(members) % devices:
@@ -216,26 +220,38 @@ def _member_chunk(members: list[Member], given: int | None) -> tuple[int | None,
     if given is not None:
         return given, None
     share = len(members) // devices
-    rule = default_member_chunk(len(members), jax.default_backend(), config.model.name)
-    rule = None if rule is None else min(rule, share)
-    if config.rounds.layout != "measure":
+    rule = default_member_chunk(share, jax.default_backend(), config.model.name)
+    if config.rounds.layout != "measure" or devices > 1:
         return rule, None
-    short = [dataclasses.replace(m, config=layout.short_budget(m.config)) for m in members]
-    experiment = build_experiment(short[0].config)  # also the cohort's own layout, measured or cached
-    dataset, client = experiment.dataset, config.client
+    if resume and (sweep_dir / "layout.json").exists():  # a resumed sweep goes on the way it started
+        started = json.loads((sweep_dir / "layout.json").read_text())
+        return started["member_chunk"], {**started, "how": "resumed"}
+    return _measured_member_chunk(members, share, rule)
+
+
+def _measured_member_chunk(members: list[Member], share: int, rule: int | None) -> tuple[int | None, dict]:
+    """:func:`.layout.choose_member_chunk` for the members, keyed by the layout key, the members and the
+    run's budget; the programs are built only when the cache has no choice. With ``local_epochs`` a round's
+    steps are the median client's, which favours vmapping a little (a vmapped round waits for its busiest
+    client)."""
+    config, client = members[0].config, members[0].config.client
+    dataset = build_dataset(config)
     steps = client.local_steps or client.local_epochs * math.ceil(
         float(np.median(dataset.client_train_counts)) / client.batch_size)
     key = json.loads(layout.layout_key(config, tuple(dataset.input_shape), config.rounds.clients_per_round))
-    key = json.dumps({**key, "sweep_members": len(members), "sweep_share": share, "local_steps": steps,
-                      "rounds": config.rounds.num_rounds}, sort_keys=True)
+    key = json.dumps({**key, "sweep_members": len(members), "sweep_share": share, "rounds":
+                      config.rounds.num_rounds, "local_steps": client.local_steps,
+                      "local_epochs": client.local_epochs}, sort_keys=True)
+    short = [dataclasses.replace(m, config=layout.short_budget(m.config)) for m in members]
 
     def time_program(chunk: int) -> tuple[float, float]:
         program = build_sweep_program(short, chunk)
         return layout.timed_calls(lambda states: program.run(states, 1), program.initial_states())
 
-    def time_run() -> tuple[float, float]:
+    def time_run() -> tuple[float, float]:  # one timed call: a slow member keeps the rules
+        experiment = build_experiment(short[0].config)  # also the cohort's own layout, measured or cached
         return layout.timed_calls(lambda state: experiment.run_rounds(state, experiment.inputs, num_rounds=1),
-                                  experiment.initial_state())
+                                  experiment.initial_state(), min_calls=1)
 
     chosen, info = layout.choose_member_chunk(
         key, rule=rule, share=share, members=len(members), rounds=config.rounds.num_rounds,
@@ -355,11 +371,7 @@ def _run_together(members: list[Member], sweep_dir: Path, chunk: int, resume: bo
 def _check_members(members: list[Member], sweep_dir: Path, resume: bool) -> list[bool]:
     """Whether each member resumes; refuses runs that would be overwritten, or a sweep whose members cannot
     resume together."""
-    taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
-    if taken and not resume:
-        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members "
-                          f"({', '.join(taken)}); "
-                          "pass --resume to continue them or --overwrite to start again")
+    _refuse_taken(members, sweep_dir, resume)
     plans = [check_run_directory(m.config, sweep_dir / m.name, resume, overwrite=False) for m in members]
     resumed = [action == "resume" for action, _ in plans]
     if any(resumed) and not all(resumed):
@@ -368,6 +380,15 @@ def _check_members(members: list[Member], sweep_dir: Path, resume: bool) -> list
                           "checkpoint while the others have; resume each with fedjax-lab run "
                           "MEMBER/config.yaml --run-dir MEMBER --resume, or start again with --overwrite")
     return resumed
+
+
+def _refuse_taken(members: list[Member], sweep_dir: Path, resume: bool) -> None:
+    """Refuses, without ``--resume``, a sweep whose members' directories already hold runs."""
+    taken = [m.name for m in members if holds_run(sweep_dir / m.name)]
+    if taken and not resume:
+        raise ConfigError(f"sweep directory {sweep_dir} already holds runs of these members "
+                          f"({', '.join(taken)}); "
+                          "pass --resume to continue them or --overwrite to start again")
 
 
 def _restore_members(program: SweepProgram, directories: list[RunDirectory], sweep_dir: Path):
