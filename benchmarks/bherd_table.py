@@ -391,7 +391,7 @@ def decisive(records=None, seeds=(0, 1, 2)) -> Decisive:
                     "and a CNN",
                     "the SVM at the paper's scale (100 %); the CNN on 6,000 of the 60,000 rows at B = 25 for "
                     "150 rounds, case 3 (3 % of its client work)", found, unit="training objective, FedAvg's "
-                    "minus BHerd's")
+                    "minus BHerd's", at_scale="BHerd's SVM" if has_runs(records / "svm") else "")
 
 
 def claims(runs, seeds, out: Path) -> Path:

@@ -317,6 +317,7 @@ class Decisive:
     ours: str  # what we ran, with the fraction of the paper's client work
     claims: list[Claim]
     unit: str = "points"  # of the claims' differences
+    at_scale: str = ""  # what of it ran at the paper's scale, e.g. "BHerd's SVM"; "" for nothing
 
 
 def judge(claim: Claim) -> tuple[str, list[int], str]:

@@ -139,6 +139,35 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
 
 
+def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pair_there(tmp_path):
+    import fedcog_table
+    import reproductions
+
+    cpu, paper = tmp_path / "fedcog", tmp_path / "fedcog_paper"
+    for seed in range(3):
+        for niid in ("niid1", "niid2"):
+            fake_run(cpu / f"fashion_mnist/{niid}/fedavg/seed{seed}", 0.70)
+            fake_run(cpu / f"fashion_mnist/{niid}/fedcog/seed{seed}", 0.71)
+    for seed, (fedavg, fedcog) in enumerate([(0.697, 0.710), (0.683, 0.692)]):
+        fake_run(paper / f"fashion_mnist/niid1/fedavg/seed{seed}", fedavg)
+        fake_run(paper / f"fashion_mnist/niid1/fedcog/seed{seed}", fedcog)
+    fake_run(paper / "fashion_mnist/niid2/fedavg/seed0", 0.60)  # one seed there: NIID-2 stays at CPU scale
+    fake_run(paper / "fashion_mnist/niid2/fedcog/seed0", 0.65)
+    summary = fedcog_table.decisive(cpu, paper)
+    # differences 1.3 and 0.9 points on NIID-1 at the paper's scale, 1.0 on every seed at CPU scale on NIID-2
+    assert [(c.text, judge(c)[1]) for c in summary.claims] == [
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-1, the paper's scale", [0, 1]),
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-2, CPU scale", [0, 1, 2])]
+    assert summary.page == "fedcog_paper_claims.md" and summary.at_scale == "FedCOG's Fashion-MNIST NIID-1"
+    assert summary.ours.startswith("the paper's federation, model and client work (100 % of its client "
+                                   "steps) on Fashion-MNIST NIID-1; ")
+    assert reproductions.at_scale([summary, summary]) == ("FedCOG's Fashion-MNIST NIID-1 and "
+                                                          "FedCOG's Fashion-MNIST NIID-1")
+    only_cpu = fedcog_table.decisive(cpu, tmp_path / "none")
+    assert (only_cpu.page, only_cpu.at_scale) == ("fedcog_claims.md", "")
+    assert reproductions.at_scale([only_cpu]) == "nothing"
+
+
 def test_fedwalks_claims_pair_x_plus_fedwalk_with_x_by_seed():
     import fedwalk_table
 

@@ -293,18 +293,25 @@ def test_a_cell_over_fewer_seeds_than_its_table_says_how_many():
     assert table_runs.mean_std([40.0]) == "40.0 (1 seed)"
 
 
-def test_fedcog_size_weighting_row_differs_from_fedcogs_only_in_the_kd_weighting():
+@pytest.mark.parametrize("scale, rounds, local_steps, schedule", [("cpu", 30, 50, (20, 128, 50)),
+                                                                  ("paper", 70, 400, (50, 256, 100))])
+def test_fedcog_size_weighting_row_differs_from_fedcogs_only_in_the_kd_weighting(scale, rounds, local_steps,
+                                                                                  schedule):
     import fedcog_table
 
     from fedjax_lab.experiments import load_config
 
     configs = {}
     for name, dataset, overrides in fedcog_table.table1_jobs(["cifar10"], ["niid2"], [1],
-                                                             ["fedcog", "fedcog_size"]):
-        configs[name.split("/")[2]] = load_config(fedcog_table.REPO / "configs/fedcog/cpu_cifar10.yaml",
+                                                             ["fedcog", "fedcog_size"],
+                                                             fedcog_table.SCALES[scale]):
+        configs[name.split("/")[2]] = load_config(fedcog_table.REPO / f"configs/fedcog/{scale}_cifar10.yaml",
                                                   overrides)
     fixed, size = (configs[m].algorithm.plugins[0] for m in ("fedcog", "fedcog_size"))
     assert (fixed.kd_weighting, size.kd_weighting) == ("fixed", "size")
+    assert (fixed.start_round, fixed.num_samples, fixed.steps) == schedule
+    plain = configs["fedcog"]
+    assert (plain.rounds.num_rounds, plain.client.local_steps) == (rounds, local_steps)
     assert fixed.model_copy(update={"kd_weighting": "size"}) == size
     assert configs["fedcog"].model_copy(update={"algorithm": None}) == \
         configs["fedcog_size"].model_copy(update={"algorithm": None})
