@@ -7,7 +7,8 @@
 #    and 1000, and the 8-seed sweep as one program vs 8 runs;
 # 2. the same on the CIFAR-10 simple-CNN;
 # 3. fedcog_cost.py: FedCOG's generation against one round of local training (the paper's Table 11 is on a GPU);
-# 4. accelerator.py on the CIFAR-10 ResNet-18, cohorts 10 and 100.
+# 4. accelerator.py on the CIFAR-10 ResNet-18, cohorts 10 and 100;
+# 5. ResNet-18's working memory per client with its residual blocks stored and rematerialised.
 #
 # Each step gets at most what is left of the budget and is cut off when it runs out; accelerator.py merges the
 # rows of every step into one JSON in OUT_DIR, so a step cut off loses only its own rows. Data come from
@@ -46,4 +47,5 @@ wait
 step 150 "${bench[@]}" --models simple_cnn --cohorts 10 100 1000
 step 90 python benchmarks/fedcog_cost.py --out "$out/fedcog_cost_gpu.json"
 step 600 "${bench[@]}" --models resnet18 --cohorts 10 100 --timeout 90
+step 120 python benchmarks/scale_memory.py --only remat --out "$out"  # ResNet-18 per client, blocks stored or not
 echo "== done [$((SECONDS - start)) s]"

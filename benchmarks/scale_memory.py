@@ -12,6 +12,8 @@ the parent collects them into ``benchmarks/results/scale-<backend>-<date>.json``
 * ``models``: each model's parameters, message, working memory of one more client in a vmapped cohort and
   training FLOPs an example, from XLA's memory and cost analyses of a compiled round (docs/scale.md derives
   accelerator estimates from them).
+* ``remat``: ResNet-18's working memory and FLOPs per client, its residual blocks stored and rematerialised
+  (``model.remat: off`` and ``blocks``): what ``remat: auto`` weighs when the budget cuts a cohort's chunk.
 * ``scaffold``: SCAFFOLD's per-client state for the MNIST MLP, the largest population the budget holds by the
   engine's estimate, and a run at ``--scaffold-clients`` clients to show the estimate holds.
 
@@ -19,6 +21,7 @@ Usage::
 
     python benchmarks/scale_memory.py                       # all, about 10 minutes on 2 cores
     python benchmarks/scale_memory.py --only cohort devices
+    python benchmarks/scale_memory.py --only remat          # the GPU suite's rematerialisation row
 """
 
 from __future__ import annotations
@@ -103,6 +106,8 @@ def child(kind: str, arg: str) -> dict:
         return {"num_clients": int(arg), **_measure(raw, rounds=4)}
     if kind == "models":
         return model_costs(arg)
+    if kind == "remat":
+        return {"remat": arg, **model_costs("resnet18", remat=arg)}
     if kind == "scaffold":
         raw = {**mnist(int(arg), 100), "algorithm": {"name": "scaffold"}}
         return {"num_clients": int(arg), **_measure(raw, rounds=3)}
@@ -112,7 +117,7 @@ def child(kind: str, arg: str) -> dict:
 MODELS = {"mlp": ("mnist", 10), "simple_cnn": ("cifar10", 64), "resnet18": ("cifar10", 64)}
 
 
-def model_costs(name: str) -> dict:
+def model_costs(name: str, remat: str = "off") -> dict:
     """One model's memory and FLOPs per client, from XLA's analyses of a compiled round (not run): the whole
     cohort vmapped with XLA's convolutions, as on an accelerator; per-client figures are the difference
     between cohorts of 20 and 10, so what every round holds once (data, server state) drops out."""
@@ -127,7 +132,8 @@ def model_costs(name: str) -> dict:
     for cohort in (10, 20):
         raw = {**mnist(100, cohort), "dataset": {"name": dataset,
                                                  "partition": {"name": "iid", "num_clients": 100}},
-               "model": {**MLP, "name": name, "lowering": "xla"},
+               "model": {**MLP, "name": name, "lowering": "xla",
+                         **({"remat": remat} if name.startswith("resnet") else {})},
                "client": {"optimizer": "sgd", "learning_rate": 0.05, "batch_size": batch, "local_steps": 1}}
         raw["rounds"]["chunk_size"] = cohort
         experiment = build_experiment(validate(raw))
@@ -178,7 +184,8 @@ def scaffold_capacity(budget_gib: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=["cohort", "devices", "population", "scaffold", "models"],
+    ap.add_argument("--only", nargs="+",
+                    choices=["cohort", "devices", "population", "scaffold", "models", "remat"],
                     default=["cohort", "devices", "population", "scaffold", "models"])
     ap.add_argument("--population", type=int, default=100_000)
     ap.add_argument("--scaffold-clients", type=int, default=20_000)
@@ -201,6 +208,8 @@ def main() -> None:
         rows.append(run_child("scaffold", str(args.scaffold_clients)))
     if "models" in args.only:
         rows += [run_child("models", name) for name in MODELS]
+    if "remat" in args.only:
+        rows += [run_child("remat", remat) for remat in ("off", "blocks")]
     for row in rows:
         print(json.dumps(row))
     import jax

@@ -181,6 +181,31 @@ def test_resnet_lowerings_share_parameters_and_compute_the_same_function():
                                rtol=1e-4, atol=1e-4)
 
 
+def test_a_resnet_with_rematerialised_blocks_is_the_same_function_with_the_same_gradients():
+    from fedjax_lab.models import resnet8
+
+    norm = "batch"  # its statistics' updates pass through the rematerialised blocks too
+
+    x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
+    labels = jnp.arange(4) % 10
+    stored, remat = resnet8(10, norm), resnet8(10, norm, remat=True)
+    variables = stored.init(jax.random.key(1), x, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(remat.init(jax.random.key(1), x, train=False))
+
+    def loss(module, params):
+        logits, updates = module.apply({**variables, "params": params}, x, train=True,
+                                       mutable=["batch_stats"])
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[jnp.arange(4), labels]), updates
+
+    (value, updates), grads = jax.jit(jax.value_and_grad(lambda p: loss(stored, p), has_aux=True))(
+        variables["params"])
+    (value_r, updates_r), grads_r = jax.jit(jax.value_and_grad(lambda p: loss(remat, p), has_aux=True))(
+        variables["params"])
+    np.testing.assert_allclose(value_r, value, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads_r, grads)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates_r, updates)
+
+
 def test_reshape_max_pool_equals_reduce_window_max_pool():
     import flax.linen as nn
 

@@ -114,6 +114,33 @@ def test_batchnorm_resnet_and_feature_skew_run_end_to_end(image_root, tmp_path):
     assert np.isfinite(summary["final"]["test_loss"])
 
 
+@pytest.mark.parametrize("remat, saves, expected", [
+    ("auto", 0.5, (2, True, ("blocks: the memory budget fits 2 clients at once with the residual blocks "
+                             "rematerialised, 1 with them stored"))),
+    ("auto", 1.0, (1, False, "off: rematerialising the residual blocks fits no more than 1 client at once")),
+    ("off", 0.5, (1, False, None))])
+def test_remat_auto_rematerialises_a_resnets_blocks_when_the_budget_then_fits_more_clients(
+        image_root, monkeypatch, remat, saves, expected):
+    """The decision, from each build's compiled need (here a stand-in: 0.2 of the budget, plus 0.7 a client
+    with the blocks stored and ``saves`` times that rematerialised); the compiled need itself is XLA's."""
+    from fedjax_lab.experiments import build, memory_fit
+
+    def need(experiment, chunk):
+        per_client = 0.7 * (saves if experiment.config.model.remat == "blocks" else 1.0)
+        clients = chunk or experiment.plan.cohort_size
+        return memory_fit.memory_budget(experiment.config) * (0.2 + per_client * clients)
+
+    monkeypatch.setattr(build, "default_chunk_size", lambda *args: None)  # the whole cohort, as on a GPU
+    monkeypatch.setattr(memory_fit, "_compiled_need", need)
+    monkeypatch.setattr(build, "check_memory", lambda experiment: None)
+    config = _config(image_root, model={"name": "resnet8", "norm": "group", "remat": remat},
+                     rounds={"clients_per_round": 4, "layout": "rules"}, parallel={"memory_budget_gb": 1e-6})
+    experiment = build_experiment(config)
+    assert (experiment.plan.chunk_size, experiment.classifier.module.remat,
+            experiment.layout.get("remat")) == expected
+    assert experiment.config == config  # the run's config stays as written
+
+
 def test_tfds_source_under_mock_data_builds_a_federated_dataset():
     pytest.importorskip("tensorflow_datasets")
     from tests.test_tfds_source import mock_tfds

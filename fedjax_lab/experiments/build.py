@@ -203,9 +203,10 @@ def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
         input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings)
     if info["how"] == "explicit" or chosen == rules:
         # The rules' layout, built as the rules build it (an unset chunk is still fitted to the memory budget)
-        return dataclasses.replace(_assemble(config, dataset), layout=info)
+        experiment = _assemble(config, dataset)
+        return dataclasses.replace(experiment, layout={**info, **experiment.layout})
     experiment = _assemble(layout.with_layout(config, chosen), dataset)
-    return dataclasses.replace(experiment, config=config, layout=info)
+    return dataclasses.replace(experiment, config=config, layout={**info, **experiment.layout})
 
 
 def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
@@ -253,6 +254,31 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
                             evaluators.local, evaluators.dissimilarity, messages,
                             privacy.epsilons(config, dataset.num_clients))
     if config.rounds.chunk_size is None and cohort > 1:
-        experiment = fit_chunk_to_budget(experiment)
+        experiment = _rematerialised_if_more_fit(fit_chunk_to_budget(experiment), dataset,
+                                                 wanted=chunk_size or share)
     check_memory(experiment)
     return experiment
+
+
+def _rematerialised_if_more_fit(experiment: Experiment, dataset: FederatedDataset, wanted: int) -> Experiment:
+    """``model.remat: auto``: a ResNet whose memory budget cut its cohort chunk below ``wanted`` clients is
+    built again with its residual blocks rematerialised, and runs so when that fits more clients at once.
+    XLA's memory analysis of the compiled rounds decides, on the backend that runs them (on CPU, where the
+    recomputed activations were measured to save nothing, the blocks stay stored). ``layout["remat"]`` says
+    which ran and why."""
+    config, plain = experiment.config, experiment.plan.chunk_size
+    if (config.model.remat != "auto" or not config.model.name.startswith("resnet") or plain is None
+            or plain >= wanted):
+        return experiment
+    blocks = config.model_copy(update={"model": config.model.model_copy(update={"remat": "blocks"})})
+    try:
+        remat = _assemble(blocks, dataset)
+    except ConfigError:  # not even one client fits with the blocks rematerialised
+        remat = None
+    clients = lambda n: f"{n} client{'s' if n > 1 else ''}"
+    if remat is None or (remat.plan.chunk_size or wanted) <= plain:
+        why = f"off: rematerialising the residual blocks fits no more than {clients(plain)} at once"
+        return dataclasses.replace(experiment, layout={**experiment.layout, "remat": why})
+    why = (f"blocks: the memory budget fits {clients(remat.plan.chunk_size or wanted)} at once with the "
+           f"residual blocks rematerialised, {plain} with them stored")
+    return dataclasses.replace(remat, config=config, layout={**remat.layout, "remat": why})

@@ -33,7 +33,7 @@ def extra_outputs(algorithm, num_classes: int) -> int:
 def _resnet(m, k: int, lowering: str) -> nn.Module:
     # 3x3 kernels over 32 columns: the banded matrix would multiply ~10x the FLOPs; im2col multiplies 1x.
     resnet_lowering = "im2col" if m.lowering == "auto" and lowering == "banded" else lowering
-    return getattr(models, m.name)(k, m.norm, m.groups, resnet_lowering)
+    return getattr(models, m.name)(k, m.norm, m.groups, resnet_lowering, remat=m.remat == "blocks")
 
 
 CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "feddle_cnn", "pfl_cnn", "resnet8",

@@ -205,6 +205,17 @@ class ModelConfig(Section):
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="bfloat16: forward and backward passes in bfloat16 (parameters, optimiser "
         "states, messages and aggregation stay float32)")
+    remat: Literal["auto", "off", "blocks"] = Field(
+        "auto", description="resnet8, resnet18: blocks recomputes each residual block's activations in the "
+                            "backward pass (less memory a client, about a third more compute); auto: blocks "
+                            "only when the memory budget would otherwise train fewer clients at once")
+
+    @model_validator(mode="after")
+    def _remat_has_blocks(self):
+        if self.remat == "blocks" and not self.name.startswith("resnet"):
+            raise ValueError(f"model.remat: blocks applies to resnet8 and resnet18 (their residual blocks), "
+                             f"not model.name={self.name!r}; use auto or off")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------- training

@@ -6,6 +6,11 @@
   13th, 17th layer" splits are ``layer1 .. layer4`` (the last taken after pooling, i.e. ``pool``).
 * ``resnet8``: He et al.'s CIFAR ResNet with 6n+2 layers, n=1 (16/32/64 channels), as in FedDF.
 
+``remat=True`` rematerialises each residual block (``nn.remat``): the backward pass recomputes a block's
+activations from its input instead of keeping them, so a client's step can hold one block's activations and
+the blocks' inputs rather than every layer's, for about one more forward pass of compute. The parameters,
+their names and the function computed are the same either way.
+
 References:
   He et al., "Deep Residual Learning for Image Recognition", CVPR 2016.
 """
@@ -51,6 +56,7 @@ class ResNet(StagedModel):
     norm: Norm = "batch"
     groups: int = 2
     lowering: ConvLowering = "xla"
+    remat: bool = False
 
     @property
     def stages(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -59,8 +65,11 @@ class ResNet(StagedModel):
     def setup(self):
         self.stem_conv = Conv(self.widths[0], (3, 3), 1, use_bias=False, lowering=self.lowering)
         self.stem_norm = Normalization(self.norm, self.groups)
+        # train (argument 2, after self and x) is a Python bool: static under remat. Inside the clients'
+        # step loops common-subexpression elimination cannot undo the recomputation (jax.checkpoint's docs).
+        block = nn.remat(BasicBlock, static_argnums=(2,), prevent_cse=False) if self.remat else BasicBlock
         self.layers = [
-            [BasicBlock(width, stride=(2 if i > 0 and b == 0 else 1), norm=self.norm, groups=self.groups,
+            [block(width, stride=(2 if i > 0 and b == 0 else 1), norm=self.norm, groups=self.groups,
                         lowering=self.lowering)
              for b in range(count)]
             for i, (width, count) in enumerate(zip(self.widths, self.blocks_per_stage))]
@@ -80,12 +89,12 @@ class ResNet(StagedModel):
 
 
 def resnet18(num_classes: int, norm: Norm = "batch", groups: int = 2,
-             lowering: ConvLowering = "xla") -> ResNet:
+             lowering: ConvLowering = "xla", remat: bool = False) -> ResNet:
     """CIFAR ResNet-18 (see the module docstring)."""
-    return ResNet(num_classes, (64, 128, 256, 512), (2, 2, 2, 2), norm, groups, lowering)
+    return ResNet(num_classes, (64, 128, 256, 512), (2, 2, 2, 2), norm, groups, lowering, remat)
 
 
 def resnet8(num_classes: int, norm: Norm = "batch", groups: int = 2,
-            lowering: ConvLowering = "xla") -> ResNet:
+            lowering: ConvLowering = "xla", remat: bool = False) -> ResNet:
     """CIFAR ResNet-8 (6n+2, n=1; 16/32/64 channels)."""
-    return ResNet(num_classes, (16, 32, 64), (1, 1, 1), norm, groups, lowering)
+    return ResNet(num_classes, (16, 32, 64), (1, 1, 1), norm, groups, lowering, remat)
