@@ -45,6 +45,7 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    at_either_scale,
     claims_table,
     collect,
     datasets_on_disk,
@@ -378,35 +379,33 @@ def claims(runs: Path, weighting: Path | None, datasets, seeds, out: Path,
 
 
 def decisive(records=None, paper=None) -> Decisive:
-    """Table 1's "FedCOG improves on FedAvg" in every dataset and split that has records, for the summary
-    page: at the paper's scale where two seeds or more pair there, else at CPU scale. ``records`` and
-    ``paper``: the CPU and paper-scale records as ``collect`` returns them, or folders of run directories
+    """Table 1's "FedCOG improves on FedAvg" in every dataset and split, for the summary page: at the paper's
+    scale where two seeds or more pair there, else at CPU scale (``table_runs.at_either_scale``). ``records``
+    and ``paper``: the CPU and paper-scale records as ``collect`` returns them, or folders of run directories
     (default: the committed records)."""
     records = collect(REPO / "runs" / SCALES["cpu"].runs, KEEP) if records is None else records
     paper = collect(REPO / "runs" / SCALES["paper"].runs, KEEP) if paper is None else paper
-    found, at_paper, at_cpu = [], [], []
-    sources = ((paper, "the paper's scale", at_paper), (records, "CPU scale", at_cpu))
-    for dataset, column in DATASET_COLUMN.items():
-        for k, niid in enumerate(NIID):
-            where = f"{LABELS[dataset]} {LABELS[niid]}"
-            gain = paper_mean("fedcog", column + k) - paper_mean("fedavg", column + k)
-            for source, scale, kept in sources:
-                seeds = seeds_on_disk(source, [0, 1, 2])
-                claim = Claim(f"FedCOG beats FedAvg, {where}, {scale}", gain,
-                              by_seed(source, f"{dataset}/{niid}/fedcog", seeds),
-                              by_seed(source, f"{dataset}/{niid}/fedavg", seeds))
-                if len(set(claim.method) & set(claim.base)) >= 2:
-                    found.append(claim)
-                    kept.append(where)
-                    break
-    cpu = SCALES["cpu"].ours
+
+    def table1(source) -> list[Claim]:
+        seeds = seeds_on_disk(source, [0, 1, 2])
+        return [Claim(f"FedCOG beats FedAvg, {LABELS[dataset]} {LABELS[niid]}",
+                      paper_mean("fedcog", column + k) - paper_mean("fedavg", column + k),
+                      by_seed(source, f"{dataset}/{niid}/fedcog", seeds),
+                      by_seed(source, f"{dataset}/{niid}/fedavg", seeds))
+                for dataset, column in DATASET_COLUMN.items() for k, niid in enumerate(NIID)]
+
+    claims, from_paper = at_either_scale(table1(paper), table1(records))
+    where = [c.text.removeprefix("FedCOG beats FedAvg, ").rsplit(", ", 1)[0] for c in claims]
+    at_paper = [w for w, p in zip(where, from_paper) if p]
+    at_cpu = [w for w, p, c in zip(where, from_paper, claims) if not p and c.method]
+    ours = SCALES["cpu"].ours
     if at_paper:
-        ours = (f"{SCALES['paper'].ours} on {', '.join(at_paper)}; "
-                + (f"{cpu} on {', '.join(at_cpu)}" if at_cpu else ""))
+        ours = f"{SCALES['paper'].ours} on {', '.join(at_paper)}" + (
+            f"; {ours} on {', '.join(at_cpu)}" if at_cpu else "")
     return Decisive("FedCOG (Fake It Till Make It), Table 1",
                     SCALES["paper" if at_paper else "cpu"].claims,
                     "10 clients, simple-CNN, 70 rounds of 400 local steps of 64 (FedCOG from round 50)",
-                    ours.rstrip("; ") if at_paper else cpu, found,
+                    ours, [c for c in claims if c.method or c.base],
                     at_scale=f"FedCOG's {', '.join(at_paper)}" if at_paper else "")
 
 

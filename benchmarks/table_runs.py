@@ -30,6 +30,7 @@ unresolved.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import re
@@ -318,6 +319,22 @@ class Decisive:
     claims: list[Claim]
     unit: str = "points"  # of the claims' differences
     at_scale: str = ""  # what of it ran at the paper's scale, e.g. "BHerd's SVM"; "" for nothing
+
+
+def at_either_scale(paper: list[Claim], cpu: list[Claim]) -> tuple[list[Claim], list[bool]]:
+    """Each claim at the paper's scale where its records pair two seeds or more there, else at CPU scale
+    (``paper`` and ``cpu``: the same claims, in the same order, from the two scales' records), its text
+    ending in the scale; and whether each came from the paper's scale."""
+    chosen, from_paper = [], []
+    for at_paper, at_cpu in zip(paper, cpu, strict=True):
+        pairs = [s for s in set(at_paper.method) & set(at_paper.base)
+                 if np.isfinite(at_paper.method[s]) and np.isfinite(at_paper.base[s])]
+        use = len(pairs) >= 2
+        claim = at_paper if use else at_cpu
+        scale = "the paper's scale" if use else "CPU scale"
+        chosen.append(dataclasses.replace(claim, text=f"{claim.text}, {scale}"))
+        from_paper.append(use)
+    return chosen, from_paper
 
 
 def judge(claim: Claim) -> tuple[str, list[int], str]:

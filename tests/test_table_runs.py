@@ -315,3 +315,20 @@ def test_fedcog_size_weighting_row_differs_from_fedcogs_only_in_the_kd_weighting
     assert fixed.model_copy(update={"kd_weighting": "size"}) == size
     assert configs["fedcog"].model_copy(update={"algorithm": None}) == \
         configs["fedcog_size"].model_copy(update={"algorithm": None})
+
+
+def test_feddles_paper_scale_runs_every_method_with_the_papers_client_work():
+    import feddle_table
+
+    from fedjax_lab.experiments import load_config
+
+    paper, cpu = feddle_table.SCALES["paper"], feddle_table.SCALES["cpu"]
+    jobs = feddle_table.table_jobs(["cifar10"], [0.3], [5], [1], feddle_table.METHODS)
+    for name, config, overrides in jobs:
+        at_paper = load_config(config, [*paper.overrides, *overrides])
+        at_cpu = load_config(config, [*cpu.overrides, *overrides])
+        for at, work in ((at_paper, (2, None, 200)), (at_cpu, (None, 5, 100))):
+            assert (at.client.local_epochs, at.client.local_steps, at.rounds.num_rounds) == work, name
+        # nothing else differs: the method, the federation and the delays are the CPU table's
+        assert at_paper.model_copy(update={"client": at_cpu.client, "rounds": at_cpu.rounds}) == at_cpu, name
+        assert (at_paper.dataset.partition.alpha, at_paper.seed) == (0.3, 1)
