@@ -332,3 +332,19 @@ def test_feddles_paper_scale_runs_every_method_with_the_papers_client_work():
         # nothing else differs: the method, the federation and the delays are the CPU table's
         assert at_paper.model_copy(update={"client": at_cpu.client, "rounds": at_cpu.rounds}) == at_cpu, name
         assert (at_paper.dataset.partition.alpha, at_paper.seed) == (0.3, 1)
+
+
+def test_fedimpros_paper_scale_runs_resnet18_split_after_layer2_for_300_rounds():
+    import fedimpro_table
+
+    from fedjax_lab.experiments import load_config
+
+    scale = fedimpro_table.SCALES["paper"]
+    for name, dataset, overrides in fedimpro_table.jobs(["cifar10"], ["a0.1_E1_M10"], [2],
+                                                        fedimpro_table.METHODS):
+        config = load_config(fedimpro_table.REPO / f"configs/fedimpro/paper_{dataset}.yaml",
+                             [*scale.overrides, *overrides])
+        assert (config.model.name, config.rounds.num_rounds, config.eval.split, config.seed) == (
+            "resnet18", 300, "layer2", 2), name
+        if name.split("/")[2] == "fedimpro":
+            assert (config.algorithm.split, config.algorithm.ramp_rounds) == ("layer2", 150)
