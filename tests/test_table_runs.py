@@ -348,3 +348,17 @@ def test_fedimpros_paper_scale_runs_resnet18_split_after_layer2_for_300_rounds()
             "resnet18", 300, "layer2", 2), name
         if name.split("/")[2] == "fedimpro":
             assert (config.algorithm.split, config.algorithm.ramp_rounds) == ("layer2", 150)
+
+
+def test_bherds_full_mnist_cnn_runs_the_papers_federation_and_local_work_for_150_rounds():
+    import bherd_table
+
+    from fedjax_lab.experiments import load_config
+
+    names = []
+    for name, config, overrides in bherd_table.jobs("cnn_full", [0], ["fedavg", "bherd"]):
+        c = load_config(bherd_table.CONFIGS / config, overrides)
+        assert (c.model.name, c.dataset.subset, c.client.batch_size, c.client.local_epochs,
+                c.rounds.num_rounds) == ("bherd_cnn", None, 100, 1, 150), name
+        names.append(name)
+    assert names == [f"cnn_full/case{k}/{m}/seed0" for k in (1, 2, 3) for m in ("fedavg", "bherd")]
