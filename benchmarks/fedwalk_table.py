@@ -14,6 +14,14 @@ Usage::
     python benchmarks/fedwalk_table.py --reverse &      # a second process shares the jobs (more throughput)
     python benchmarks/fedwalk_table.py --parts table100 # the CIFAR-100 columns
     python benchmarks/fedwalk_table.py --parts table300 # Table 2 at 300 rounds with the paper's lr schedule
+    python benchmarks/fedwalk_table.py --parts table_pretrained --set model.name=resnet18 model.norm=group
+
+``--parts table_pretrained`` is Table 2 as the paper runs it: 300 rounds with its schedule, from a pre-trained
+backbone. Ours is pre-trained on the leash set (the 20 CIFAR-100 classes of the LH leash, 10,000 images,
+``PRETRAINED_STEPS`` steps of 64) in place of ImageNet, which this project cannot load: both arms of a pair
+pre-train the same steps from the same initialisation (the base with ``fedwalk.mode: pretrain``, which then
+trains without the leash). ``--set`` adds overrides to every run (on a GPU: the paper's ResNet-18 with
+GroupNorm); the records keep them.
 """
 
 from __future__ import annotations
@@ -108,6 +116,20 @@ def table300_jobs(seeds, bases):
     return table_jobs(seeds, SETTINGS, "table300", bases, paper_schedule)
 
 
+def table_pretrained_jobs(seeds, bases):
+    """Table 2 at the paper's 300 rounds and schedule, both arms from a model pre-trained on the leash set
+    (``PRETRAINED_STEPS`` leash steps before round 0): X + FedWalk keeps the leash during FL, X trains
+    without it (``fedwalk.mode: pretrain``)."""
+    for setting, config_file in SETTINGS.items():
+        for seed in seeds:
+            for base in bases:
+                for walk in (False, True):
+                    yield (f"table_pt/{setting}/{base}{'+fedwalk' if walk else ''}/seed{seed}", config_file,
+                           [f"algorithm.name={base}", f"seed={seed}", *BASES[base], *paper_schedule(base),
+                            f"algorithm.plugins.fedwalk.pretrain_steps={PRETRAINED_STEPS}"]
+                           + ([] if walk else ["algorithm.plugins.fedwalk.mode=pretrain"]))
+
+
 def strong_sweep_key(grade: str, tau: float) -> str:
     # LH at tau = 1 is the same run as the T_s = 20 point of the leash-strength series.
     return (f"steps/LH/steps{STRONG_STEPS}" if (grade, tau) == ("LH", 1.0)
@@ -192,6 +214,13 @@ def write_report(results: dict, args) -> None:
                        f"{DROP_ROUND}), evaluated every 10 rounds: `python benchmarks/fedwalk_table.py "
                        "--parts table300`."), "",
                   *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table300")]
+    if any(k.startswith("table_pt/") for k in results):
+        lines += ["", (f"Table 2 as the paper runs it, from a pre-trained backbone: both arms pre-trained "
+                       f"{PRETRAINED_STEPS} steps on the leash set (20 CIFAR-100 classes, in place of "
+                       f"ImageNet), then {PAPER_ROUNDS} rounds with the paper's schedule: `python "
+                       "benchmarks/fedwalk_table.py --parts table_pretrained` (the model: the records' "
+                       "config)."), "",
+                  *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table_pt")]
     if any(k.startswith("table/c100") for k in results):
         lines += ["", ("CIFAR-100 (the leash is CIFAR-10's training set), same scale: "
                        "`python benchmarks/fedwalk_table.py --parts table100`."), "",
@@ -215,6 +244,10 @@ def write_report(results: dict, args) -> None:
                            f"{text} (`python benchmarks/fedwalk_table.py --parts {part}`)"
                            for part, text in missing)
                        + ".")]
+    if not any(k.startswith("table_pt/") for k in results):
+        lines += ["", ("Not run yet: Table 2 from a pre-trained backbone (`python "
+                       "benchmarks/fedwalk_table.py --parts table_pretrained --set model.name=resnet18 "
+                       "model.norm=group`, a GPU's job).")]
     swept = any(k.startswith(("sweep", "steps/", "pretrain/", f"pretrain{STRONG_STEPS}/")) for k in results)
     if swept:
         lines += sweep_lines(results, cell)
@@ -275,6 +308,9 @@ TABLES = {  # our table: (its title, the runs' prefix, settings, the paper's num
     "cifar10_300": (f"Table 2, CIFAR-10, the paper's {PAPER_ROUNDS} rounds and learning-rate schedule",
                     "table300", SETTINGS, PAPER, ("Dir(0.1)", "IID")),
     "cifar100": ("Table 2, CIFAR-100, 50 rounds", "table", SETTINGS100, PAPER100, ("Dir(0.01)", "IID")),
+    "cifar10_pretrained": ((f"Table 2, CIFAR-10, from a backbone pre-trained on the leash set, the "
+                            f"paper's {PAPER_ROUNDS} rounds and schedule"), "table_pt", SETTINGS, PAPER,
+                           ("Dir(0.1)", "IID")),
 }
 
 
@@ -309,7 +345,7 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
                        best_by_seed(results, "pretrained/fedavg", seeds))
     if pretrained.method:
         lines += ["## From a pre-trained model", "", *claims_table([pretrained]), ""]
-    table = "cifar10_300" if has_table300(results, seeds) else "cifar10"
+    table = decisive_table(results, seeds)
     if plot_decisive_curves(results, seeds, table, out.with_name("fedwalk_curves.png")):
         lines += ["## The decisive curves", "", "![X and X + FedWalk](fedwalk_curves.png)", "",
                   (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, "
@@ -338,22 +374,32 @@ def has_table300(results: dict, seeds) -> bool:
     return all(name in results for name, _, _ in table300_jobs(seeds, BASES))
 
 
+def decisive_table(results: dict, seeds) -> str:
+    """The table the decisive claims and curves come from: the pre-trained one once complete (as the paper
+    runs Table 2), else the 300-round one once complete, else the 50-round one."""
+    if all(name in results for name, _, _ in table_pretrained_jobs(seeds, BASES)):
+        return "cifar10_pretrained"
+    return "cifar10_300" if has_table300(results, seeds) else "cifar10"
+
+
 def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
     """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds once that
     table is complete (:func:`has_table300`), else at 50. ``results`` as ``finished`` gives them (default:
     from the committed records)."""
     if results is None:
-        results = finished(REPO / "runs" / "fedwalk",
-                           list(table_jobs(seeds)) + list(table300_jobs(seeds, BASES)))
-    long = has_table300(results, seeds)
-    rounds = PAPER_ROUNDS if long else 50
+        jobs = [*table_jobs(seeds), *table300_jobs(seeds, BASES), *table_pretrained_jobs(seeds, BASES)]
+        results = finished(REPO / "runs" / "fedwalk", jobs)
+    table = decisive_table(results, seeds)
+    rounds = 50 if table == "cifar10" else PAPER_ROUNDS
+    model = ("the records' model pre-trained on the leash set (20 CIFAR-100 classes) in place of ImageNet"
+             if table == "cifar10_pretrained" else
+             "a simple-CNN trained from scratch in place of the pre-trained ResNet-18")
     return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
                     "100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, "
                     f"{PAPER_ROUNDS} rounds",
                     f"the paper's federation and local work, {rounds} rounds "
-                    f"({round(100 * rounds / PAPER_ROUNDS)} % of its client steps), a simple-CNN trained "
-                    "from scratch in place of the pre-trained ResNet-18",
-                    table2_claims(results, seeds, "cifar10_300" if long else "cifar10"))
+                    f"({round(100 * rounds / PAPER_ROUNDS)} % of its client steps), {model}",
+                    table2_claims(results, seeds, table))
 
 
 def plot_sweep(results: dict, path: Path) -> None:
@@ -387,7 +433,9 @@ def plot_sweep(results: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
-                    choices=["table", "sweep", "pretrained", "table100", "table300"])
+                    choices=["table", "sweep", "pretrained", "table100", "table300", "table_pretrained"])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides for every run, e.g. model.name=resnet18 (the records keep them)")
     ap.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES),
                     help="the methods of the 300-round table (each alone and + FedWalk)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
@@ -398,7 +446,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     everything = (list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
-                  + list(table_jobs(args.seeds, SETTINGS100)) + list(table300_jobs(args.seeds, BASES)))
+                  + list(table_jobs(args.seeds, SETTINGS100)) + list(table300_jobs(args.seeds, BASES))
+                  + list(table_pretrained_jobs(args.seeds, BASES)))
     if args.report_only:
         write_report(finished(Path(args.runs), everything), args)
         return
@@ -410,9 +459,11 @@ def main(argv=None) -> None:
     first = [j for j in table if j[0].endswith("seed0")]
     table100 = list(table_jobs(args.seeds, SETTINGS100)) if "table100" in args.parts else []
     table300 = list(table300_jobs(args.seeds, args.bases)) if "table300" in args.parts else []
-    jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100 + table300
+    table_pt = (list(table_pretrained_jobs(args.seeds, args.bases)) if "table_pretrained" in args.parts
+                else [])
+    jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100 + table300 + table_pt
     for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
-        run(Path(args.runs), name, config_file, overrides)
+        run(Path(args.runs), name, config_file, overrides + args.set)
         write_report(finished(Path(args.runs), everything), args)
 
 

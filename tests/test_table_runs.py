@@ -362,3 +362,20 @@ def test_bherds_full_mnist_cnn_runs_the_papers_federation_and_local_work_for_150
                 c.rounds.num_rounds) == ("bherd_cnn", None, 100, 1, 150), name
         names.append(name)
     assert names == [f"cnn_full/case{k}/{m}/seed0" for k in (1, 2, 3) for m in ("fedavg", "bherd")]
+
+
+def test_fedwalks_pretrained_table_pairs_arms_that_pretrain_alike_and_differ_in_the_leash_only():
+    import fedwalk_table
+
+    from fedjax_lab.experiments import load_config
+
+    jobs = fedwalk_table.table_pretrained_jobs([1], ["fedprox"])
+    configs = {name.split("/")[2]: load_config(fedwalk_table.CONFIGS / file, [*extra, "model.name=resnet8"])
+               for name, file, extra in jobs if name.startswith("table_pt/dir0.1/")}
+    base, walk = (configs[m].algorithm for m in ("fedprox", "fedprox+fedwalk"))
+    assert (base.plugins[0].mode, walk.plugins[0].mode) == ("pretrain", "leash")
+    assert base.plugins[0].pretrain_steps == walk.plugins[0].pretrain_steps == fedwalk_table.PRETRAINED_STEPS
+    assert base.model_copy(update={"plugins": walk.plugins}) == walk  # FedProx's mu and weighting in both
+    for config in configs.values():
+        assert (config.rounds.num_rounds, config.model.name, config.seed) == (300, "resnet8", 1)
+        assert config.client.schedule.boundaries == (100,)
