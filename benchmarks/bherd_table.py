@@ -537,12 +537,15 @@ def main() -> None:
     parser.add_argument("--reverse", action="store_true",
                         help="take the jobs in reverse order (a second process)")
     parser.add_argument("--report", action="store_true", help="only write the tables and figures")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides for every run (the records keep them)")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for part in args.parts:
             todo = list(jobs(part, args.seeds, args.methods))
             for name, config, overrides in (reversed(todo) if args.reverse else todo):
-                run(args.runs, name, config, overrides)
+                run(args.runs, name, config, overrides + args.set)
             report(collect(args.runs, KEEP), args.seeds, args.out)
     records = collect(args.runs, KEEP)
     print(f"wrote {report(records, args.seeds, args.out)}")

@@ -557,6 +557,8 @@ def main() -> None:
                         help="cpu: 5 local steps, 100 rounds; paper: 2 local epochs, 200 rounds")
     parser.add_argument("--runs", help="default: runs/feddle (cpu) or runs/feddle_paper (paper)")
     parser.add_argument("--out", help="the tables page (default: docs/reproductions/<runs>_tables.md)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides for every run, e.g. a layout (the records keep them)")
     parser.add_argument("--reverse", action="store_true",
                         help="take the jobs in reverse order (a second copy)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
@@ -573,8 +575,8 @@ def main() -> None:
         for dataset in args.datasets:
             jobs += list(study_jobs(dataset, args.part))
             jobs += list(feddf_jobs(dataset)) if "feddf_lr" in args.part else []
-        for job in reversed(jobs) if args.reverse else jobs:
-            run(runs, *job, scale=scale)
+        for name, config, overrides in reversed(jobs) if args.reverse else jobs:
+            run(runs, name, config, overrides + args.set, scale=scale)
     # One report for everything that has run, not only what this invocation asked for.
     records = collect(runs, KEEP)
     datasets, seeds = datasets_on_disk(records, PAPER), seeds_on_disk(records, args.seeds)
