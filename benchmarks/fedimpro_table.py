@@ -75,7 +75,7 @@ SETTINGS = {  # name -> (label, overrides)
     "a0.1_E1_M100": ("a=0.1, E=1, M=100", ["dataset.partition.num_clients=100",
                                            "rounds.clients_per_round=10"]),
 }
-MEASURE = ["eval.dissimilarity=10", "eval.dissimilarity_examples=256"]  # below eval.split: the config's
+MEASURE = ["eval.dissimilarity=10", "eval.split=conv2", "eval.dissimilarity_examples=256"]
 COUNTERFACTUAL = "eval.dissimilarity_counterfactual={algorithm.weight: 0.0}"
 # run folder -> overrides
 CAPS = {"counterfactual": [], "counterfactual_uncapped": ["algorithm.spread_cap=null"]}
@@ -185,19 +185,20 @@ def normalised_jobs(dataset: str, seeds):
 
 def split_jobs(dataset: str):
     for split in SPLITS:
-        yield (f"{dataset}/splits/{split}/seed0", dataset,
-               [f"algorithm.split={split}", "eval.split=null", "seed=0"])  # no dissimilarity measured
+        yield f"{dataset}/splits/{split}/seed0", dataset, [f"algorithm.split={split}", "seed=0"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """A scale the tables run at: its configs (``configs/fedimpro/<name>_<dataset>.yaml``) and the overrides
-    before each run's own, and where its runs, records and pages go (``runs/<runs>``, ``<runs>.jsonl.gz``,
-    ``<runs>_tables.md``, ``<runs>_claims.md``)."""
+    """A scale the tables run at: its configs (``configs/fedimpro/<name>_<dataset>.yaml``), the overrides
+    before each run's own (``before``: a baseline's ``algorithm={...}`` then drops FedImpro's fields) and
+    after them (``after``: the measured split, over ``MEASURE``'s), and where its runs, records and pages go
+    (``runs/<runs>``, ``<runs>.jsonl.gz``, ``<runs>_tables.md``, ``<runs>_claims.md``)."""
 
     name: str
     runs: str
-    overrides: tuple[str, ...]
+    before: tuple[str, ...]
+    after: tuple[str, ...]
     setup: str  # the model, split and rounds, for the tables page
     ours: str  # the summary page's "ours"
 
@@ -211,13 +212,13 @@ class Scale:
 
 
 SCALES = {
-    "cpu": Scale("cpu", "fedimpro", (),
+    "cpu": Scale("cpu", "fedimpro", (), (),
                  "Simple-CNN cut after `conv2` (the paper: ResNet-18 after layer2), 100 rounds (the paper: "
                  "1000; 40 and 400 at E=5)",
                  "the paper's federation, 100 rounds of one local epoch (10 % of its client steps) on a "
                  "simple-CNN in place of ResNet-18"),
     "paper": Scale("paper", "fedimpro_paper",
-                   ("rounds.num_rounds=300", "algorithm.ramp_rounds=150", "eval.split=layer2"),
+                   ("rounds.num_rounds=300", "algorithm.ramp_rounds=150"), ("eval.split=layer2",),
                    "ResNet-18 (BatchNorm) split after layer2, as the paper, 300 rounds (the paper: 1000)",
                    "the paper's federation, model and split, 300 of its 1000 rounds (30 % of its client "
                    "steps)"),
@@ -226,9 +227,8 @@ SCALES = {
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str], scale: Scale = SCALES["cpu"]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    # The scale's first: a baseline's algorithm={...} then replaces FedImpro's ramp with the baseline.
     config = load_config(REPO / "configs" / "fedimpro" / f"{scale.name}_{dataset}.yaml",
-                         [*scale.overrides, *overrides])
+                         [*scale.before, *overrides, *scale.after])
     done = run_once(runs, name, config, KEEP)
     if done:
         print(f"{name:<52} best acc {done[0]['best_test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)

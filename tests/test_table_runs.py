@@ -343,7 +343,7 @@ def test_fedimpros_paper_scale_runs_resnet18_split_after_layer2_for_300_rounds()
     for name, dataset, overrides in fedimpro_table.jobs(["cifar10"], ["a0.1_E1_M10"], [2],
                                                         fedimpro_table.METHODS):
         config = load_config(fedimpro_table.REPO / f"configs/fedimpro/paper_{dataset}.yaml",
-                             [*scale.overrides, *overrides])
+                             [*scale.before, *overrides, *scale.after])
         assert (config.model.name, config.rounds.num_rounds, config.eval.split, config.seed) == (
             "resnet18", 300, "layer2", 2), name
         if name.split("/")[2] == "fedimpro":
