@@ -39,7 +39,9 @@ def _final_params(raw):
     from fedjax_lab.experiments.config import validate
 
     experiment = build_experiment(validate(raw))
-    state, _ = experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=4)
+    state = experiment.initial_state()
+    for _ in range(2):  # the second block starts from the first's sharded output, as the runner's blocks do
+        state, _ = experiment.run_rounds(state, experiment.inputs, num_rounds=2)
     return jax.device_get(experiment.algorithm.model_params(state.server_state)), experiment
 
 

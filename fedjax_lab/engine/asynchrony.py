@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -282,10 +283,13 @@ def _drain_into_buffer(algorithm: Algorithm, server_state: PyTree, buffer: Buffe
     return server_state, gather(num_steps * size)._replace(fill=total - num_steps * size), mean, num_steps
 
 
-def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
+def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any,
+                    client_update: Callable[..., Any] | None = None):
     """One asynchronous round ``(state, inputs) -> (state, metrics)``; see the module docstring. ``plan`` is a
     :class:`~fedjax_lab.engine.simulation.CohortPlan` with a ``delay``; ``state.asynchrony`` an
-    :class:`AsyncState`."""
+    :class:`AsyncState`. ``client_update``: ``algorithm``'s, taking the server state, the round and the
+    inputs as arguments (:func:`~fedjax_lab.engine.simulation.client_update_of`); default: ``algorithm``'s
+    own."""
     r, store, buffer = state.round, state.asynchrony.in_flight, state.asynchrony.buffer
     capacity, m = store.occupied.shape[0], plan.cohort_size
     ids, dispatched = sample_idle(randomness.round_key(inputs.key, r, randomness.Purpose.COHORT),
@@ -294,12 +298,13 @@ def run_async_round(algorithm: Algorithm, plan: Any, state: Any, inputs: Any):
                          jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)
 
-    def client_fn(client_state, client, key):
-        return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
+    def own_client_update(server_state, r, inputs, client_state, client, key):
+        return algorithm.client_update(server_state, client_state, client, inputs.train_arrays, key)
 
     old_states = tree_take(state.client_states, ids)
-    messages, new_states, client_metrics = map_cohort(client_fn, plan.chunk_size, old_states, clients, keys,
-                                                      mesh=plan.mesh)
+    messages, new_states, client_metrics = map_cohort(
+        client_update or own_client_update, plan.chunk_size, old_states, clients, keys,
+        shared=(state.server_state, r, inputs), mesh=plan.mesh)
     new_states = jax.vmap(tree_where)(dispatched, new_states, old_states)
     client_states = tree_put(state.client_states, ids, new_states)
 

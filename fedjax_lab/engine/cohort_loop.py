@@ -7,12 +7,17 @@ Three ways to bound or spread the work, which compose and never change a result 
   to their sums as the chunk finishes and added to a running total (streaming aggregation).
 * ``mesh``: the cohort is split over the mesh's ``clients`` axis with ``jax.shard_map``; each device runs its
   share (chunked as above), per-client outputs stay sharded by client, and the sums are added across devices
-  with ``psum`` (the aggregation collective). Everything the client function closes over (the server state,
-  the training arrays) is replicated.
+  with ``psum`` (the aggregation collective). What every client reads (the server state, the training
+  arrays) is replicated: pass it as ``shared``, not in the client function's closure. JAX's ``shard_map``
+  rejects a closed-over array that carries its own sharding over the mesh, which every output of an earlier
+  sharded call does (the state carried from one block of rounds to the next): ``jnp.zeros_like`` of such a
+  value inside the map, as optax's momentum does, fails with "Context mesh ... should match the mesh of
+  sharding".
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -61,13 +66,15 @@ def _map_local(fn: Callable[..., Any], chunk_size: int | None, reduce: Callable[
 
 
 def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
-               reduce: Callable[..., Any] | None = None, mesh: Mesh | None = None) -> Any:
+               shared: tuple = (), reduce: Callable[..., Any] | None = None, mesh: Mesh | None = None) -> Any:
     """``vmap(fn)`` over the leading (cohort) axis of ``stacked``, ``chunk_size`` clients at a time.
 
     Args:
-      fn: one client's work, returning a tuple (``(message, state, metrics)``).
+      fn: one client's work, ``fn(*shared, *one_client's_inputs)``, returning a tuple (``(message, state,
+        metrics)``).
       chunk_size: clients at once on each device; ``None``: all of a device's share. Must divide the share.
       *stacked: per-client inputs with a leading cohort axis.
+      shared: inputs every client reads whole (the server state, the round), replicated on every device.
       reduce: ``(first_outputs, *stacked_inputs) -> sums`` of a chunk, additive over chunks. When given, the
         first output comes back as its sums over the whole cohort instead of stacked.
       mesh: a mesh with a ``clients`` axis to split the cohort over; ``None``: the default device.
@@ -76,17 +83,18 @@ def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
       ``fn``'s outputs stacked over the cohort (the first one reduced, when ``reduce`` is given).
     """
     if mesh is None or mesh.shape[CLIENTS] == 1:
-        return _map_local(fn, chunk_size, reduce, stacked)
+        return _map_local(functools.partial(fn, *shared), chunk_size, reduce, stacked)
 
-    def local(*share):
-        out = _map_local(fn, chunk_size, reduce, share)
+    def local(replicated, *share):
+        out = _map_local(functools.partial(fn, *replicated), chunk_size, reduce, share)
         if reduce is not None:
             out = (jax.lax.psum(out[0], CLIENTS), *out[1:])
         return out
 
     specs = P(CLIENTS)
     if reduce is not None:
-        num_outputs = len(jax.eval_shape(lambda *s: _map_local(fn, None, reduce, s), *stacked))
+        one_device = functools.partial(_map_local, functools.partial(fn, *shared), None, reduce)
+        num_outputs = len(jax.eval_shape(lambda *s: one_device(s), *stacked))
         specs = (P(), *[P(CLIENTS)] * (num_outputs - 1))
-    return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(CLIENTS) for _ in stacked), out_specs=specs,
-                         axis_names={CLIENTS}, check_vma=False)(*stacked)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), *(P(CLIENTS) for _ in stacked)), out_specs=specs,
+                         axis_names={CLIENTS}, check_vma=False)(tuple(shared), *stacked)

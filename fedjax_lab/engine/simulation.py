@@ -189,14 +189,28 @@ AlgorithmAt = Callable[[RoundInputs, jax.Array], Algorithm]
 hyper-parameters (``inputs.hparams``, e.g. a learning rate on its schedule) and key."""
 
 
+def client_update_of(algorithm: Algorithm | AlgorithmAt) -> Callable[..., Any]:
+    """``(server_state, round, inputs, client_state, client, key) -> (message, client_state, metrics)``:
+    the method's client update with everything it reads as arguments (an algorithm built inside the round is
+    built again from them), for :func:`map_cohort`'s ``shared`` inputs."""
+
+    def client_update(server_state, r, inputs, client_state, client, key):
+        built = algorithm(inputs, r) if callable(algorithm) else algorithm
+        return built.client_update(server_state, client_state, client, inputs.train_arrays, key)
+
+    return client_update
+
+
 def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopState, inputs: RoundInputs):
     """One round: ``(state, inputs) -> (state, metrics)``. Pure; see the module docstring. ``algorithm`` is an
     :class:`Algorithm`, or a function building one for the round (:data:`AlgorithmAt`)."""
-    r = state.round
+    r, algorithm_at = state.round, algorithm
     if callable(algorithm):
         algorithm = algorithm(inputs, r)
+    client_update = client_update_of(algorithm_at)
     if plan.asynchronous:
-        return run_async_round(algorithm, dataclasses.replace(plan, delay=plan.delay_model), state, inputs)
+        return run_async_round(algorithm, dataclasses.replace(plan, delay=plan.delay_model), state, inputs,
+                               client_update=client_update)
     cohort_key = randomness.round_key(inputs.key, r, randomness.Purpose.COHORT)
     if plan.sampling_rate is None:
         ids, mask = sample_cohort(cohort_key, plan.num_clients, plan.cohort_size), None
@@ -207,8 +221,8 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)
     masks = () if mask is None else (mask,)  # travels with each client, so that chunks see their own
 
-    def client_fn(client_state, client, key, *_):
-        return algorithm.client_update(state.server_state, client_state, client, inputs.train_arrays, key)
+    def client_fn(server_state, r, inputs, client_state, client, key, *_):
+        return client_update(server_state, r, inputs, client_state, client, key)
 
     def reduce(messages, client_states, clients, keys, *mask):
         return algorithm.reduce(messages, Cohort(clients.client_id, clients.num_examples, *mask))
@@ -217,7 +231,7 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
     old_client_states = tree_take(state.client_states, ids)
     messages, new_client_states, client_metrics = map_cohort(
         client_fn, plan.chunk_size, old_client_states, clients, keys, *masks,
-        reduce=reduce if streams else None, mesh=plan.mesh)
+        shared=(state.server_state, r, inputs), reduce=reduce if streams else None, mesh=plan.mesh)
     if streams:
         messages = Reduced(messages)
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
