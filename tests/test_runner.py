@@ -1,6 +1,7 @@
 """The host loop and run directory: metrics as they go, plot, resume equals an uninterrupted run, the CLI."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -47,6 +48,9 @@ def test_run_writes_config_metrics_summary_plot_and_checkpoint(tmp_path, config,
     assert all(np.isfinite(r["train_loss"]) for r in rows[1:])
     assert summary["rounds"] == 6 and 0 <= summary["best_test_accuracy"] <= 1
     assert json.loads((tmp_path / "summary.json").read_text())["best_round"] == summary["best_round"]
+    # what decides the float rounding: the CPU's thread pool follows the cores this process may use
+    assert summary["cpu_threads"] == len(os.sched_getaffinity(0)) and summary["device_kind"] == "cpu"
+    assert summary["cpu"] and summary["cpu"] != "unknown"
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert "fedadam" in (tmp_path / "config.yaml").read_text()
     assert _final_params(tmp_path, experiment)[1] == 6

@@ -4,6 +4,8 @@ them."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
 from collections.abc import Mapping
@@ -295,6 +297,31 @@ def _leave_what_ran(directory: RunDirectory, timings: list[tuple[int, float]],
         pass
 
 
+def machine() -> dict[str, Any]:
+    """What decides a run's float rounding besides its config: the device kind and, on a CPU, its model and
+    the cores this process may use. XLA sizes its CPU thread pool from those cores, and another pool splits
+    and sums the matrix products in another order, which training amplifies into points of final accuracy:
+    two arms of a paired comparison (FedCOG and its FedAvg, identical until FedCOG starts) must share it."""
+    device = jax.devices()[0]
+    out: dict[str, Any] = {"device_kind": device.device_kind}
+    if device.platform == "cpu":
+        affinity = getattr(os, "sched_getaffinity", None)
+        out["cpu_threads"] = len(affinity(0)) if affinity else os.cpu_count()
+        out["cpu"] = cpu_model()
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``, else ``'unknown'``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
                experiment: Experiment) -> dict[str, Any]:
     rows = directory.read_metrics()
@@ -314,6 +341,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        **machine(),
         **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients)}
            if experiment.config.privacy is not None else {}),
     }
