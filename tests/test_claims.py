@@ -182,6 +182,36 @@ def test_fedwalks_claims_pair_x_plus_fedwalk_with_x_by_seed():
     assert all(not c.method for c in claims if c is not fedavg)
 
 
+def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
+    import fedwalk_table
+
+    def runs(prefix, seeds, gain):  # seed s: the base at 0.3 + s / 100, + FedWalk ``gain`` above it
+        out = {}
+        for setting in fedwalk_table.SETTINGS:
+            for s in seeds:
+                for base in fedwalk_table.BASES:
+                    for method, up in ((base, 0.0), (f"{base}+fedwalk", gain)):
+                        out[f"{prefix}/{setting}/{method}/seed{s}"] = {
+                            "rows": [], "summary": {"best_test_accuracy": 0.3 + s / 100 + up}}
+        return out
+
+    # every 300-round run from scratch (FedWalk 1 point up); fedavg pre-trained on two seeds (4 points up)
+    results = runs("table300", [0, 1, 2], 0.01)
+    results |= {k: v for k, v in runs("table_pt", [0, 1], 0.04).items() if "/fedavg" in k}
+    found = fedwalk_table.decisive(results, (0, 1, 2))
+    by_text = {c.text: c for c in found.claims}
+    assert len(found.claims) == 2 * len(fedwalk_table.BASES)
+    pre = by_text["fedavg + FedWalk beats fedavg, Dir(0.1), pre-trained"]
+    assert judge(pre)[:2] == ("+4.0 [+4.0, +4.0]", [0, 1])
+    scratch = by_text["scaffold + FedWalk beats scaffold, IID, from scratch"]
+    assert judge(scratch)[:2] == ("+1.0 [+1.0, +1.0]", [0, 1, 2])
+    assert "fedavg from the records' model pre-trained 2000 steps" in found.ours
+    # nothing pre-trained pairs two seeds: the claims stay as they were
+    one_seed = runs("table300", [0, 1, 2], 0.01) | {k: v for k, v in runs("table_pt", [0], 0.04).items()}
+    assert all(not c.text.endswith(("pre-trained", "from scratch"))
+               for c in fedwalk_table.decisive(one_seed, (0, 1, 2)).claims)
+
+
 def test_the_summary_page_counts_each_papers_verdicts():
     import reproductions
     from table_runs import Decisive
