@@ -215,6 +215,28 @@ def test_reshape_max_pool_equals_reduce_window_max_pool():
     assert max_pool_2x2(odd, "SAME").shape == (2, 4, 4, 3) and max_pool_2x2(odd).shape == (2, 3, 3, 3)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_max_pools_one_pass_gradient_is_jaxs_maximum_rule_bit_for_bit_ties_included(dtype):
+    def plain(x):  # what max_pool_2x2 computed before its custom gradient
+        return jnp.maximum(jnp.maximum(x[:, 0::2, 0::2], x[:, 1::2, 0::2]),
+                           jnp.maximum(x[:, 0::2, 1::2], x[:, 1::2, 1::2]))
+
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.normal(size=(3, 8, 6, 4)), 0)  # after a ReLU: windows of tied zeros
+    x[:, 0, 0] = x[:, 1, 0]  # two tied corners in the same pair
+    x[:, 2, 2] = x[:, 3, 3] = x[:, 2, 3]  # three tied corners across the pairs
+    x[:, 4:6, 0:2] = 0.7  # all four
+    x, g = jnp.asarray(x, dtype), jnp.asarray(rng.normal(size=(3, 4, 3, 4)), dtype)
+    ours, theirs = jax.vjp(max_pool_2x2, x), jax.vjp(plain, x)
+    assert jnp.array_equal(ours[0], theirs[0])
+    grad, expected = ours[1](g)[0], theirs[1](g)[0]
+    assert grad.dtype == dtype and jnp.array_equal(grad, expected)
+    # a 4-way tie: a quarter each
+    assert float(grad[0, 4, 0, 0]) == pytest.approx(float(g[0, 2, 0, 0]) / 4, rel=1e-2)
+    batched = jax.vmap(lambda x, g: jax.vjp(max_pool_2x2, x)[1](g)[0])(x[:, None], g[:, None])
+    assert jnp.array_equal(batched[:, 0], expected)
+
+
 def test_local_response_norm_matches_the_formula():
     x = jax.random.normal(jax.random.key(0), (1, 2, 2, 12))
     c = 5
