@@ -106,7 +106,8 @@ def write_table(results, args) -> None:
             cells += [f"{100 * np.mean(finals):.1f} ± {100 * np.std(finals, ddof=1):.1f}",
                       f"{100 * np.mean(bests):.1f} ± {100 * np.std(bests, ddof=1):.1f}"]
         lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
-    text = (f"Test accuracy (%) after {args.rounds} rounds, mean ± std over seeds {args.seeds}; "
+    text = (f"Test accuracy (%) after {args.rounds} rounds, mean ± sample std (ddof 1) over seeds "
+            f"{args.seeds}; "
             "`python benchmarks/baselines_table.py "
             + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
                        for k, v in (("seeds", args.seeds), ("alphas", args.alphas), ("rounds", args.rounds)))
