@@ -179,7 +179,10 @@ def finished(runs: Path, jobs) -> dict:
 
 
 def mean_std(values) -> str:
-    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values, ddof=1):.1f}" if values else "–"
+    """Mean ± sample std (ddof 1) in %; one value alone (no spread to show), '–' for none."""
+    if len(values) < 2:
+        return f"{100 * values[0]:.1f}" if values else "–"
+    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values, ddof=1):.1f}"
 
 
 def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str],
