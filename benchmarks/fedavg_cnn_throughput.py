@@ -14,7 +14,8 @@ cohorts of 10, batch 64, SGD lr 0.01 momentum 0.9, weight decay 1e-5, per-channe
 Ways, same data, partition, cohorts, initial weights and hyper-parameters:
 
 * ``engine``: ``build_experiment`` of the config as a user runs it (rounds scanned inside one ``jax.jit``);
-  ``model.lowering=auto`` picks the banded convolution on CPU, ``rounds.chunk_size`` picks the cohort loop.
+  the layout (``model.lowering``, ``rounds.chunk_size``, ``rounds.cpu_matmul``) chosen by measurement on
+  the first build (``fedjax_lab/experiments/layout.py``; ``FEDJAX_LAB_LAYOUT=rules`` for the hand rules).
 * ``engine_naive``: the same engine with XLA's convolution and the whole cohort vmapped (what a direct JAX
   port does; vmapped per-client convolutions become grouped convolutions).
 * ``jax_loop``: a Python loop over the cohort calling one jitted ``train_locally`` per client (banded
@@ -283,7 +284,7 @@ def worker(args) -> None:
     first = time.perf_counter() - start
     print(json.dumps({"first_call_s": first, "rounds": rounds, "examples": examples,
                       "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
-                      "lowering": engine.classifier.module.lowering}),
+                      "lowering": engine.classifier.module.lowering, "cpu_matmul": engine.cpu_matmul}),
           flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
@@ -338,7 +339,7 @@ def measure(budget: Budget, args) -> dict:
             ready[name] = {"first_call_s": time.perf_counter() - start, "rounds": rounds,
                            "examples": examples_per_call(engine, budget, rounds, args.reps + 1),
                            "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
-                           "lowering": engine.classifier.module.lowering}
+                           "lowering": engine.classifier.module.lowering, "cpu_matmul": engine.cpu_matmul}
 
             def timer(call=call):
                 start = time.perf_counter()
@@ -376,6 +377,7 @@ def measure(budget: Budget, args) -> dict:
     engine = ready["engine"] if "engine" in ready else next(iter(ready.values()))
     out["_workload"] = {"steps": budget.steps, "epochs": budget.epochs, "cohort": engine["cohort"],
                         "chunk_size": engine["chunk_size"], "lowering": engine["lowering"],
+                        "cpu_matmul": engine.get("cpu_matmul"),
                         "isolated": not args.in_process}
     return out
 

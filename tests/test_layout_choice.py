@@ -3,6 +3,8 @@ margin, explicit settings obeyed, the choice cached and written to the run direc
 
 import json
 
+import jax
+import numpy as np
 import pytest
 
 from fedjax_lab.experiments import ConfigError, build_experiment, run_experiment, validate
@@ -46,8 +48,9 @@ def _fake_times(monkeypatch, times: dict[str, float | Exception], probe: float =
     built = []
 
     def build(config):
+        matmul = None if config.rounds.cpu_matmul == "auto" else config.rounds.cpu_matmul
         label = Layout(config.model.lowering if config.model.name == "simple_cnn" else None,
-                       config.rounds.chunk_size).label()
+                       config.rounds.chunk_size, matmul).label()
         if config.client.local_steps == layout_module.PROBE_STEPS:
             return "probe"
         built.append((label, config.client.local_steps, config.rounds.layout))
@@ -80,6 +83,43 @@ def test_the_lowering_then_the_chunk_are_chosen_fastest_past_the_margin(cache, m
     assert json.loads(cache.read_text())  # one entry
 
 
+def test_on_a_cpu_the_matmul_library_is_measured_last_in_the_fastest_layout(cache, monkeypatch):
+    config = validate({**RAW, "model": {"name": "simple_cnn"}})
+    times = {"banded, chunk 1, ynnpack matmul": 1.0, "xla, chunk 1, ynnpack matmul": 2.0,
+             "im2col, chunk 1, ynnpack matmul": 3.0, "banded, chunk 2, ynnpack matmul": 0.5,
+             "banded, chunk 4, ynnpack matmul": 0.6, "banded, chunk 2, eigen matmul": 0.45}
+    build, built = _fake_times(monkeypatch, times)
+    rules = Layout("banded", 1, "ynnpack")
+    chosen, info = choose_layout(config, build=build, rules=rules, conv_model=True, share=4, input_shape=(6,))
+    assert chosen == Layout("banded", 2, "eigen") and sorted(b[0] for b in built) == sorted(times)
+    assert "2.22x the rules' banded, chunk 1, ynnpack matmul" in info["why"]
+    # Within the margin the rules' library stands; set explicitly, it is not measured.
+    times["banded, chunk 2, eigen matmul"] = 0.49
+    chosen, _ = choose_layout(validate({**RAW, "model": {"name": "simple_cnn"}, "seed": 2}), build=build,
+                              rules=rules, conv_model=True, share=4, input_shape=(7,))
+    assert chosen == Layout("banded", 2, "ynnpack")
+    fixed = validate({**RAW, "model": {"name": "simple_cnn", "lowering": "banded"},
+                      "rounds": {**RAW["rounds"], "chunk_size": 2, "cpu_matmul": "eigen"}})
+    chosen, info = choose_layout(fixed, build=build, rules=Layout("banded", 2, "eigen"), conv_model=True,
+                                 share=4, input_shape=(6,))
+    assert chosen == Layout("banded", 2, "eigen") and info["how"] == "explicit"
+
+
+def test_the_eigen_matmul_compiles_another_cpu_program_that_agrees_at_float_rounding():
+    programs, servers = {}, {}
+    for matmul in ("ynnpack", "eigen"):
+        experiment = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules",
+                                                                   "cpu_matmul": matmul}}))
+        assert experiment.cpu_matmul == matmul
+        compiled = experiment.run_rounds.lower(jax.eval_shape(experiment.initial_state), experiment.inputs,
+                                               num_rounds=2).compile()
+        programs[matmul] = compiled.as_text()
+        servers[matmul] = compiled(experiment.initial_state(), experiment.inputs)[0].server_state
+    assert "__ynn" not in programs["eigen"] and programs["eigen"] != programs["ynnpack"]
+    for a, b in zip(jax.tree.leaves(servers["ynnpack"]), jax.tree.leaves(servers["eigen"])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_the_rules_stand_when_nothing_beats_them_by_the_margin(cache, monkeypatch):
     config = validate(RAW)
     build, _ = _fake_times(monkeypatch, {"chunk 2": 1.0, "chunk 1": 0.97, "chunk 4": 1.2})
@@ -100,7 +140,8 @@ def test_a_slow_probe_round_keeps_the_rules_without_timing_the_candidates(cache,
 
 def test_explicit_settings_are_obeyed_and_nothing_is_measured(cache, monkeypatch):
     monkeypatch.setattr(layout_module, "seconds_per_round", lambda e: pytest.fail("measured"))
-    experiment = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": 4}}))
+    experiment = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": 4,
+                                                              "cpu_matmul": "ynnpack"}}))
     assert experiment.plan.chunk_size == 4 and experiment.layout["how"] == "explicit"
     assert not cache.exists()
     rules = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules"}}))
@@ -112,7 +153,11 @@ def test_a_measured_run_writes_its_layout_and_the_next_build_reads_the_cache(cac
     run_experiment(config, tmp_path / "run", progress=False)
     written = json.loads((tmp_path / "run" / "layout.json").read_text())
     assert written["how"] == "measured"
-    assert set(written["seconds_per_round"]) == {"chunk 2", "chunk 1", "chunk 4"}
+    chunk = written["layout"]["chunk_size"]
+    assert set(written["seconds_per_round"]) == {"chunk 2, ynnpack matmul", "chunk 1, ynnpack matmul",
+                                                 "chunk 4, ynnpack matmul", f"chunk {chunk}, eigen matmul"}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cpu_matmul"] == written["layout"]["cpu_matmul"]
     assert all(isinstance(t, float) and t > 0 for t in written["seconds_per_round"].values())
     assert written["key"]["model"]["name"] == "mlp" and written["key"]["share"] == 4
     again = build_experiment(config)

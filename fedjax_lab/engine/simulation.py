@@ -249,13 +249,16 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
     return state._replace(server_state=server_state, client_states=client_states, round=r + 1), metrics
 
 
-def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate: bool = False):
+def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate: bool = False,
+                    compiler_options: dict[str, str] | None = None):
     """A jitted ``run_rounds(state, inputs, num_rounds) -> (state, metrics)``: ``num_rounds`` rounds in one
     ``lax.scan``; each metric comes back with a leading ``num_rounds`` axis. With ``donate`` the new state is
     written over the old one's buffers (the state passed in is deleted), so a large population's client states
-    are held once, not twice."""
+    are held once, not twice. ``compiler_options`` go to XLA's compiler (e.g. the CPU's matrix-product
+    library)."""
 
-    @functools.partial(jax.jit, static_argnames="num_rounds", donate_argnums=(0,) if donate else ())
+    @functools.partial(jax.jit, static_argnames="num_rounds", donate_argnums=(0,) if donate else (),
+                       compiler_options=compiler_options)
     def run_rounds(state: LoopState, inputs: RoundInputs, num_rounds: int):
         return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs), state, None,
                             length=num_rounds)

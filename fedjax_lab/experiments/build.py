@@ -105,6 +105,7 @@ class Experiment:
     messages: Any = None  # one client's message shapes, traced once at build (they size the memory estimates)
     epsilons: Mapping[int, float] = dataclasses.field(default_factory=dict)  # ε after each round
     layout: dict = dataclasses.field(default_factory=dict)  # how the layout was chosen (layout.choose_layout)
+    cpu_matmul: str | None = None  # the training program's matrix-product library on a CPU (None elsewhere)
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -176,7 +177,7 @@ def build_experiment(config: Config) -> Experiment:
 
 def rules_layout(config: Config, share: int) -> layout.Layout:
     """The layout the hand rules give a cohort share: ``default_lowering`` (``im2col`` for the ResNets on
-    CPU) and ``default_chunk_size``, or the explicit settings."""
+    CPU), ``default_chunk_size`` and XLA's default matrix products, or the explicit settings."""
     lowering = None
     if config.model.name in CONV_MODELS:
         lowering = config.model.lowering
@@ -185,7 +186,15 @@ def rules_layout(config: Config, share: int) -> layout.Layout:
             if lowering == "banded" and config.model.name.startswith("resnet"):
                 lowering = "im2col"
     chunk = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(), config.model.name)
-    return layout.Layout(lowering, chunk or share)
+    return layout.Layout(lowering, chunk or share, cpu_matmul(config))
+
+
+def cpu_matmul(config: Config) -> str | None:
+    """``rounds.cpu_matmul`` resolved by the rules: ``ynnpack`` (XLA's default) for ``auto`` on a CPU;
+    ``None`` on other backends, where it does not apply."""
+    if jax.default_backend() != "cpu":
+        return None
+    return "ynnpack" if config.rounds.cpu_matmul == "auto" else config.rounds.cpu_matmul
 
 
 def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
@@ -249,10 +258,12 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
             check_store_memory(messages, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluators.test,
-                            make_run_rounds(algorithm_at, plan, donate=True), algorithm_at, evaluators.train,
-                            evaluators.local, evaluators.dissimilarity, messages,
-                            privacy.epsilons(config, dataset.num_clients))
+    matmul = cpu_matmul(config)
+    run_rounds = make_run_rounds(algorithm_at, plan, donate=True,
+                                 compiler_options=layout.compiler_options(matmul))
+    experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluators.test, run_rounds,
+                            algorithm_at, evaluators.train, evaluators.local, evaluators.dissimilarity,
+                            messages, privacy.epsilons(config, dataset.num_clients), cpu_matmul=matmul)
     if config.rounds.chunk_size is None and cohort > 1:
         experiment = _rematerialised_if_more_fit(fit_chunk_to_budget(experiment), dataset,
                                                  wanted=chunk_size or share)

@@ -290,11 +290,16 @@ class RoundsConfig(Section):
                                              "otherwise, the whole cohort elsewhere. Never changes results "
                                              "beyond float rounding")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
+    cpu_matmul: Literal["auto", "ynnpack", "eigen"] = Field(
+        "auto", description="on a CPU, the library of the training program's matrix products: ynnpack "
+                            "(XLA's default), eigen (XLA's Eigen kernels), or auto: chosen by measurement "
+                            "(rounds.layout), ynnpack under the rules. Ignored on other backends. Changes "
+                            "results at float rounding only")
     layout: Literal["measure", "rules"] = Field(
         default_factory=_layout_from_environment,
-        description="measure: the unset model.lowering and chunk_size are chosen by timing the candidates "
-                    "(cached per device, model and shapes; docs/scale.md); rules: the hand rules. Default "
-                    "$FEDJAX_LAB_LAYOUT, else measure. Speed only")
+        description="measure: the unset model.lowering, chunk_size and cpu_matmul are chosen by timing the "
+                    "candidates (cached per device, model and shapes; docs/scale.md); rules: the hand "
+                    "rules. Default $FEDJAX_LAB_LAYOUT, else measure. Speed only")
 
     @model_validator(mode="after")
     def _chunk_divides(self):

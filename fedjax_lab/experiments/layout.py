@@ -1,10 +1,12 @@
-"""The round's layout chosen by measurement: the convolution lowering and the cohort chunk.
+"""The round's layout chosen by measurement: the convolution lowering, the cohort chunk and, on a CPU, the
+library of the matrix products.
 
 Neither changes what a run computes (beyond float rounding), only how fast. Which is fastest depends on the
 backend, the model and the cohort: on one H100, ResNet-18 at cohort 10 ran 2.1x faster with ``im2col`` than
 with XLA's convolution, while the simple-CNN at cohort 100 ran faster with XLA's; on a 2-core CPU one client
 at a time beats the whole cohort vmapped for CNNs (docs/benchmarks.md). So when ``rounds.layout`` is
-``measure`` (the default) and ``model.lowering`` is ``auto`` or ``rounds.chunk_size`` is unset, the builder
+``measure`` (the default) and ``model.lowering`` is ``auto``, ``rounds.chunk_size`` unset or
+``rounds.cpu_matmul`` ``auto``, the builder
 compiles the candidate layouts, times a round of each with a short local budget (10 steps a client), and
 keeps the fastest, where it beats the rules' layout by 5 % or more (closer is timing noise). A probe comes
 first: one round of 2 local steps in the rules' layout; when it takes over a second (ResNet-18 on a CPU), the
@@ -13,7 +15,10 @@ rules stand, as timing every candidate would take minutes.
 1. the lowerings (XLA's convolution, ``im2col`` and, but for the ResNets, ``banded``; convolutional models
    only) at the chunk the rules give;
 2. then chunks of 1, 2 and 10 clients and the whole share (the divisors of the share among them) with the
-   fastest lowering.
+   fastest lowering;
+3. then, on a CPU, XLA's Eigen kernels for the matrix products in place of its default, YNNPACK's, in the
+   fastest of those (:func:`compiler_options`): on a 2-core AMD EPYC the simple-CNN's training step ran about
+   6 % faster with Eigen's and the MLP's 11 % slower (docs/benchmarks.md).
 
 An explicit setting is never overridden: only the unset ones are measured. A candidate that fails to build or
 to fit the memory budget is skipped, with the reason. The choice, every candidate's time and the reason are
@@ -52,19 +57,34 @@ PROBE_STEPS = 2  # local steps of the probe round, the rules' layout timed once 
 MAX_PROBE_SECONDS = 1.0  # a slower probe round keeps the rules: timing every candidate would take minutes
 MARGIN = 1.05  # a candidate replaces the rules' layout only when this much faster (timing noise)
 MIN_SECONDS = 0.2  # each candidate's round is called until this much time has passed (at least twice)
+CPU_MATMULS = ("ynnpack", "eigen")
+
+
+def compiler_options(cpu_matmul: str | None) -> dict[str, str] | None:
+    """The XLA compiler options that give a training program's matrix products to ``cpu_matmul``'s library:
+    ``eigen`` leaves YNNPACK the reductions only (``xla_cpu_experimental_ynn_fusion_type``), so that every
+    ``dot`` takes XLA's Eigen kernels; ``ynnpack`` and ``None`` (not a CPU) keep XLA's defaults, which in
+    jaxlib 0.10 give the products and reductions to YNNPACK. The two sum a product's terms in other orders:
+    results differ at float rounding."""
+    if cpu_matmul == "eigen":
+        return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """A round's layout: the convolution lowering (``None`` for a model without convolutions) and the clients
-    each device trains at once (its whole share of the cohort at most)."""
+    """A round's layout: the convolution lowering (``None`` for a model without convolutions), the clients
+    each device trains at once (its whole share of the cohort at most) and, on a CPU, the library of the
+    matrix products (``None`` elsewhere)."""
 
     lowering: str | None
     chunk_size: int
+    cpu_matmul: str | None = None
 
     def label(self) -> str:
-        chunk = f"chunk {self.chunk_size}"
-        return chunk if self.lowering is None else f"{self.lowering}, {chunk}"
+        parts = [self.lowering, f"chunk {self.chunk_size}",
+                 None if self.cpu_matmul is None else f"{self.cpu_matmul} matmul"]
+        return ", ".join(part for part in parts if part is not None)
 
 
 def cache_path() -> Path:
@@ -87,6 +107,9 @@ def layout_key(config: Config, input_shape: tuple[int, ...], share: int) -> str:
         "model": model, "input_shape": list(input_shape), "batch_size": config.client.batch_size,
         "share": share, "algorithm": config.algorithm.name, "plugins": plugins,
         "aggregation": config.parallel.aggregation,
+        # what was left to measure: a choice made with a dimension fixed does not answer one without it
+        "free": [config.model.lowering == "auto", config.rounds.chunk_size is None,
+                 config.rounds.cpu_matmul == "auto"],
     }, sort_keys=True)
 
 
@@ -166,10 +189,14 @@ def measured_config(config: Config, layout: Layout, steps: int = MEASURED_STEPS)
 
 
 def with_layout(config: Config, layout: Layout) -> Config:
-    """``config`` with ``layout``'s lowering (when it has one) and chunk set explicitly, and the rules."""
+    """``config`` with ``layout``'s lowering and CPU matmul (when it has them) and chunk set explicitly, and
+    the rules."""
     model = config.model if layout.lowering is None else config.model.model_copy(
         update={"lowering": layout.lowering})
-    rounds = config.rounds.model_copy(update={"chunk_size": layout.chunk_size, "layout": "rules"})
+    update = {"chunk_size": layout.chunk_size, "layout": "rules"}
+    if layout.cpu_matmul is not None:
+        update["cpu_matmul"] = layout.cpu_matmul
+    rounds = config.rounds.model_copy(update=update)
     return config.model_copy(update={"model": model, "rounds": rounds})
 
 
@@ -188,7 +215,8 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
     """The fastest layout for ``config`` and what was measured: ``(layout, info)``.
 
     Args:
-      rules: what the hand rules give (the lowering ``None`` for a model without convolutions).
+      rules: what the hand rules give (the lowering ``None`` for a model without convolutions, the CPU
+        matmul ``None`` off a CPU: then it is not measured).
       conv_model: whether the model has convolutions, so a lowering to choose.
       lowerings: the candidate lowerings (the ResNets leave out ``banded``: 3x3 kernels over 32 columns
         would multiply about 10x the FLOPs).
@@ -202,9 +230,11 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
     """
     free_lowering = conv_model and config.model.lowering == "auto"
     free_chunk = config.rounds.chunk_size is None and share > 1
-    if not (free_lowering or free_chunk):
+    free_matmul = rules.cpu_matmul is not None and config.rounds.cpu_matmul == "auto"
+    if not (free_lowering or free_chunk or free_matmul):
         return rules, {"how": "explicit", "layout": dataclasses.asdict(rules),
-                       "why": "model.lowering and rounds.chunk_size are set (or there is nothing to choose)"}
+                       "why": "model.lowering, rounds.chunk_size and rounds.cpu_matmul are set (or there is "
+                              "nothing to choose)"}
     key = layout_key(config, input_shape, share)
     cached = read_cache(key)
     if cached is not None:
@@ -240,10 +270,12 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
 
     best = rules
     if free_lowering:
-        best = fastest([Layout(lowering, rules.chunk_size) for lowering in lowerings], best)
+        best = fastest([dataclasses.replace(rules, lowering=lowering) for lowering in lowerings], best)
     if free_chunk:
-        best = fastest([Layout(best.lowering, chunk) for chunk in candidate_chunks(share, rules.chunk_size)],
-                       best)
+        best = fastest([dataclasses.replace(best, chunk_size=chunk)
+                        for chunk in candidate_chunks(share, rules.chunk_size)], best)
+    if free_matmul:
+        best = fastest([dataclasses.replace(best, cpu_matmul=matmul) for matmul in CPU_MATMULS], best)
     if math.isinf(measure(best)):  # nothing could be measured: the rules, whose own build says what is wrong
         best = rules
     entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules),

@@ -17,6 +17,7 @@ import jax
 from fedjax_lab.engine import make_run_rounds, memory
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.simulation import message_shapes
+from fedjax_lab.experiments import layout
 from fedjax_lab.experiments.config import Config, ConfigError
 
 if typing.TYPE_CHECKING:
@@ -48,7 +49,7 @@ def estimate_memory(experiment: Experiment) -> memory.StaticEstimate:
 
 def _compiled_need(experiment: Experiment, chunk_size: int | None) -> int:
     plan = dataclasses.replace(experiment.plan, chunk_size=chunk_size)
-    run_rounds = make_run_rounds(experiment.algorithm_at, plan, donate=True)
+    run_rounds = _run_rounds(experiment, plan)
     lowered = run_rounds.lower(jax.eval_shape(experiment.initial_state), experiment.inputs, num_rounds=1)
     return memory.compiled_estimate(lowered.compile())
 
@@ -72,7 +73,12 @@ def fit_chunk_to_budget(experiment: Experiment, budget: int | None = None) -> Ex
         return experiment  # check_memory refuses it, with the estimate
     plan = dataclasses.replace(plan, chunk_size=max(fits))
     return dataclasses.replace(experiment, plan=plan,
-                               run_rounds=make_run_rounds(experiment.algorithm_at, plan, donate=True))
+                               run_rounds=_run_rounds(experiment, plan))
+
+
+def _run_rounds(experiment: Experiment, plan):
+    return make_run_rounds(experiment.algorithm_at, plan, donate=True,
+                           compiler_options=layout.compiler_options(experiment.cpu_matmul))
 
 
 def check_memory(experiment: Experiment, budget: int | None = None) -> None:

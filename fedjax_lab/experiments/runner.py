@@ -301,7 +301,8 @@ def machine() -> dict[str, Any]:
     """What decides a run's float rounding besides its config: the device kind and, on a CPU, its model and
     the cores this process may use. XLA sizes its CPU thread pool from those cores, and another pool splits
     and sums the matrix products in another order, which training amplifies into points of final accuracy:
-    two arms of a paired comparison (FedCOG and its FedAvg, identical until FedCOG starts) must share it."""
+    two arms of a paired comparison (FedCOG and its FedAvg, identical until FedCOG starts) must share it, and
+    the library of the matrix products too (the summary's ``cpu_matmul``, ``rounds.cpu_matmul``)."""
     device = jax.devices()[0]
     out: dict[str, Any] = {"device_kind": device.device_kind}
     if device.platform == "cpu":
@@ -342,6 +343,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
         **machine(),
+        **({"cpu_matmul": experiment.cpu_matmul} if experiment.cpu_matmul is not None else {}),
         **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients)}
            if experiment.config.privacy is not None else {}),
     }

@@ -322,7 +322,8 @@ def build_sweep_program(members: list[Member], member_chunk: int,
 
         return map_cohort(one, member_chunk, keys, values, mesh=mesh)
 
-    @functools.partial(jax.jit, static_argnames="num_rounds")
+    @functools.partial(jax.jit, static_argnames="num_rounds",
+                       compiler_options=layout.compiler_options(experiment.cpu_matmul))
     def run_rounds(states, keys, values, inputs, num_rounds):
         def one(state, key, hp):
             member_inputs = inputs._replace(key=key, hparams=hp)
