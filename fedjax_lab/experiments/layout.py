@@ -1,16 +1,15 @@
 """The round's layout chosen by measurement: the convolution lowering, the cohort chunk and, on a CPU, the
 library of the matrix products.
 
-Neither changes what a run computes (beyond float rounding), only how fast. Which is fastest depends on the
-backend, the model and the cohort: on one H100, ResNet-18 at cohort 10 ran 2.1x faster with ``im2col`` than
-with XLA's convolution, while the simple-CNN at cohort 100 ran faster with XLA's; on a 2-core CPU one client
-at a time beats the whole cohort vmapped for CNNs (docs/benchmarks.md). So when ``rounds.layout`` is
+None of them changes what a run computes (beyond float rounding), only how fast. Which is fastest depends on
+the backend, the model and the cohort: on one H100, ResNet-18 at cohort 10 ran 2.1x faster with ``im2col``
+than with XLA's convolution, while the simple-CNN at cohort 100 ran faster with XLA's; on a 2-core CPU one
+client at a time beats the whole cohort vmapped for CNNs (docs/benchmarks.md). So when ``rounds.layout`` is
 ``measure`` (the default) and ``model.lowering`` is ``auto``, ``rounds.chunk_size`` unset or
-``rounds.cpu_matmul`` ``auto``, the builder
-compiles the candidate layouts, times a round of each with a short local budget (10 steps a client), and
-keeps the fastest, where it beats the rules' layout by 5 % or more (closer is timing noise). A probe comes
-first: one round of 2 local steps in the rules' layout; when it takes over a second (ResNet-18 on a CPU), the
-rules stand, as timing every candidate would take minutes.
+``rounds.cpu_matmul`` ``auto``, the builder compiles the candidate layouts, times a round of each with a short
+local budget (10 steps a client), and keeps the fastest, where it beats the rules' layout by 5 % or more
+(closer is timing noise). A probe comes first: one round of 2 local steps in the rules' layout; when it takes
+over a second (ResNet-18 on a CPU), the rules stand, as timing every candidate would take minutes.
 
 1. the lowerings (XLA's convolution, ``im2col`` and, but for the ResNets, ``banded``; convolutional models
    only) at the chunk the rules give;
