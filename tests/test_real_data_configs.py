@@ -272,15 +272,17 @@ def test_feddle_out_of_domain_configs_hold_another_datasets_images_and_labels(na
 
 
 @pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
-@pytest.mark.parametrize("name", ["paper_fashion_mnist", "paper_cifar10", "paper_cifar100"])
+@pytest.mark.parametrize("name", ["paper_fashion_mnist", "paper_cifar10"])
 def test_fedcog_paper_scale_configs_build_and_shape_check(name):
     """Table 1's setting (10 clients, FedAvg then FedAvg + FedCOG from round 50) compiles to the right shapes,
-    and NIID-2's class blocks give every client its block's classes."""
+    and NIID-2's class blocks give every client its block's classes. (CIFAR-100's config differs from
+    CIFAR-10's in its data and blocks of 10 classes only; test_config validates it, and the suite's time is
+    better spent elsewhere.)"""
     import jax
 
     from fedjax_lab.experiments import load_config
 
-    blocks = "{name: class_blocks, num_clients: 10, classes: " + ("10}" if name == "paper_cifar100" else "2}")
+    blocks = "{name: class_blocks, num_clients: 10, classes: 2}"
     for overrides in ([], [f"dataset.partition={blocks}"]):
         experiment = build_experiment(load_config(f"configs/fedcog/{name}.yaml", overrides))
         state = jax.eval_shape(experiment.initial_state)
@@ -289,10 +291,8 @@ def test_fedcog_paper_scale_configs_build_and_shape_check(name):
                 == jax.tree.map(lambda a: a.shape, state.server_state))
         assert set(out.client_states) == {"fedcog"}
     data = experiment.dataset
-    per_client = 10 if name == "paper_cifar100" else 2
     for k in range(10):
-        assert (len(np.unique(data.train["y"][data.client_train_ids[k, :data.client_train_counts[k]]]))
-                == per_client)
+        assert len(np.unique(data.train["y"][data.client_train_ids[k, :data.client_train_counts[k]]])) == 2
 
 
 @pytest.mark.skipif(not (HAVE_MNIST and HAVE_CIFAR100), reason="../shared/data not present")
