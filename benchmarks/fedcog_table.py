@@ -344,9 +344,13 @@ def claims(runs: Path, weighting: Path | None, datasets, seeds, out: Path,
             for method in [*PAPER_T1, "fedsam_code"]:
                 if method not in ("fedavg", "fedcog"):
                     paper_row = "fedsam" if method == "fedsam_code" else method  # the paper's one FedSAM row
-                    best.append(Claim(f"FedCOG beats {METHODS[method][0]}, {where}",
-                                      paper_mean("fedcog", column + k) - paper_mean(paper_row, column + k),
-                                      fedcog, by_seed(runs, f"{prefix}/{method}", seeds)))
+                    over = paper_mean("fedcog", column + k) - paper_mean(paper_row, column + k)
+                    baseline = by_seed(runs, f"{prefix}/{method}", seeds)
+                    best.append(Claim(f"FedCOG beats {METHODS[method][0]}, {where}", over, fedcog, baseline))
+                    split = runs / dataset / niid
+                    if has_runs(split, f"{method}/*") and has_runs(split, "fedcog_size/*"):
+                        size.append(Claim(f"FedCOG, size weighting, beats {METHODS[method][0]}, {where}",
+                                          over, by_seed(runs, f"{prefix}/fedcog_size", seeds), baseline))
             if has_runs(runs / dataset, "*/table3/*/*"):
                 for b in BASES:
                     plain, plugged = PAPER_T3[niid][b]
