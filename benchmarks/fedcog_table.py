@@ -202,10 +202,23 @@ def table3_jobs(datasets, niids, seeds, scale: Scale = SCALES["cpu"]):
                            common + [f"algorithm={algorithm}, plugins: [{scale.plugin()}]}}"])
 
 
-def run(runs: Path, name: str, dataset: str, overrides: list[str], scale: Scale = SCALES["cpu"]) -> None:
-    """Runs one experiment unless it has finished or another copy of this script claimed it."""
+FORKABLE = ("fedavg", "fedcog", "fedcog_size")
+"""The Table 1 arms that share their rounds before FedCOG's start round bit for bit."""
+
+
+def run(runs: Path, name: str, dataset: str, overrides: list[str], scale: Scale = SCALES["cpu"],
+        fork: bool = False) -> None:
+    """Runs one experiment unless it has finished or another copy of this script claimed it. With ``fork``,
+    a Table 1 arm of ``FORKABLE`` starts from a finished FedCOG arm's checkpoint at FedCOG's start round when
+    one is on disk (``table_runs.fork``), and so trains the shared rounds once instead of three times."""
     config = load_config(REPO / "configs" / "fedcog" / f"{scale.name}_{dataset}.yaml", overrides)
-    done = run_once(runs, name, config, KEEP)
+    parts = name.split("/")  # Table 1: dataset/niid/method/seed
+    fork_from = None
+    if fork and len(parts) == 4 and parts[2] in FORKABLE:
+        dataset_, niid, method, seed = parts
+        fork_from = ([f"{dataset_}/{niid}/{m}/{seed}" for m in ("fedcog", "fedcog_size") if m != method],
+                     scale.start)
+    done = run_once(runs, name, config, KEEP, fork_from=fork_from)
     if done:
         print(f"{name:<52} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
@@ -445,6 +458,9 @@ def main() -> None:
                              "the records keep it)")
     parser.add_argument("--reverse", action="store_true",
                         help="take the jobs in reverse order (a second copy)")
+    parser.add_argument("--fork", action="store_true",
+                        help="start FedAvg and the FedCOG arms from a finished FedCOG arm's checkpoint at "
+                             "the start round where one is on disk (the same results; run fedcog first)")
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", help="the claims page (default: docs/reproductions/<runs>_claims.md)")
@@ -462,7 +478,7 @@ def main() -> None:
         if "table3" in args.part:
             jobs += list(table3_jobs(args.datasets, args.niids, args.seeds, scale))
         for name, dataset, overrides in reversed(jobs) if args.reverse else jobs:
-            run(runs, name, dataset, overrides + args.set, scale=scale)
+            run(runs, name, dataset, overrides + args.set, scale=scale, fork=args.fork)
     # One report for everything that has run, not only what this invocation asked for.
     records = collect(runs, KEEP)
     datasets, seeds = datasets_on_disk(records, DATASET_COLUMN), seeds_on_disk(records, args.seeds)

@@ -34,6 +34,7 @@ import dataclasses
 import fnmatch
 import json
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -47,6 +48,7 @@ import records as record_files
 from records import Keep, Record
 
 from fedjax_lab.experiments import Config, run_experiment
+from fedjax_lab.experiments.run_directory import write_atomically
 from fedjax_lab.experiments.statistics import describe, paired_difference, verdict
 
 RECORDS = Path(__file__).resolve().parent / "results" / "records"
@@ -121,10 +123,83 @@ def collect(runs: Path, spec: Keep = EVALUATIONS) -> Records:
     return Records(path)
 
 
-def run_once(runs: Path, name: str, config: Config,
-             spec: Keep = EVALUATIONS) -> tuple[dict[str, Any], float] | None:
+def fork(source: Path, until: int, run_dir: Path, config: Config) -> None:
+    """Makes ``run_dir`` the finished run in ``source`` as it stood after round ``until``, under ``config``,
+    for the runner to resume from there.
+
+    The two configs may differ only in plug-ins that start at round ``until`` or later, and ``config``'s
+    components must be among ``source``'s: before its start round such a plug-in leaves its base's round
+    unchanged bit for bit (FedCOG's tests pin this): FedAvg, FedCOG and FedCOG with the size weighting
+    share their first 50 rounds, and a run of ``config`` resumed from here ends where one from round 0
+    would. The components ``config`` lacks are dropped from the state, and their metrics (``<name>_*``) from
+    the rows.
+
+    Raises:
+      ValueError: the configs differ in more than such plug-ins, ``config`` has a component ``source`` lacks,
+        or ``source`` kept no checkpoint after round ``until``.
+    """
+    import yaml
+
+    from fedjax_lab.engine.round import ServerState
+    from fedjax_lab.experiments import build_experiment
+    from fedjax_lab.experiments.config import to_yaml
+    from fedjax_lab.experiments.run_directory import RunDirectory
+
+    theirs = yaml.safe_load((source / "config.yaml").read_text())
+    ours = config.model_dump(mode="json")
+    plugins = theirs["algorithm"].pop("plugins") + ours["algorithm"].pop("plugins")
+    if theirs != ours:
+        raise ValueError(f"cannot fork {run_dir} from {source}: their configs differ in more than plug-ins")
+    if any(p.get("start_round", 0) < until for p in plugins):
+        raise ValueError(f"cannot fork {run_dir} from {source} at round {until}: every plug-in must start at "
+                         f"round {until} or later")
+    checkpoint = source / "checkpoints" / str(until)
+    if not checkpoint.is_dir():
+        raise ValueError(f"cannot fork {run_dir} from {source}: it kept no checkpoint after round {until}")
+    theirs_state = build_experiment(load_config_yaml(source)).initial_state()
+    ours_state = build_experiment(config).initial_state()
+    dropped = set(theirs_state.server_state.components) - set(ours_state.server_state.components)
+    if set(ours_state.server_state.components) - set(theirs_state.server_state.components) \
+            or set(ours_state.client_states) - set(theirs_state.client_states):
+        raise ValueError(f"cannot fork {run_dir} from {source}: its config has state the source's lacks")
+    with tempfile.TemporaryDirectory() as tmp:  # the source's checkpoint after ``until``, alone
+        shutil.copytree(checkpoint, Path(tmp) / "checkpoints" / str(until))
+        state = RunDirectory(tmp).restore_checkpoint(theirs_state)
+    server = state.server_state
+    kept = {k: server.components[k] for k in ours_state.server_state.components}
+    state = state._replace(server_state=ServerState(server.params, server.opt_state, kept),
+                           client_states={k: state.client_states[k] for k in ours_state.client_states})
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    directory = RunDirectory(run_dir, config.checkpoint.keep)
+    directory.save_checkpoint(state)
+    for file in ("partition.npz", "partition.md", "partition.png"):
+        shutil.copy2(source / file, run_dir / file)
+    if (source / "arrays").is_dir():
+        shutil.copytree(source / "arrays", run_dir / "arrays")
+    rows = [{k: v for k, v in json.loads(line).items() if not k.startswith(tuple(f"{c}_" for c in dropped))}
+            for line in (source / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "config.yaml").write_text(to_yaml(config))  # the resume drops the rows after ``until``
+
+
+def load_config_yaml(run_dir: Path) -> Config:
+    """A run directory's ``config.yaml``, validated."""
+    import yaml
+
+    from fedjax_lab.experiments.config import validate
+
+    return validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
+
+
+def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
+             fork_from: tuple[list[str], int] | None = None) -> tuple[dict[str, Any], float] | None:
     """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its
     record (what ``spec`` says).
+
+    ``fork_from=(others, round)`` starts it from the first of the runs ``runs/<other>`` that has finished and
+    kept its checkpoint after ``round`` (:func:`fork`), and its summary (so its record) names that run
+    (``forked_from``); with none such it runs from round 0.
 
     Returns:
       ``(summary, seconds)`` of a run made now, or None when it was skipped.
@@ -145,7 +220,16 @@ def run_once(runs: Path, name: str, config: Config,
         config = config.model_copy(update={"rounds": config.rounds.model_copy(update={"layout": "rules"})})
     start = time.perf_counter()
     try:
-        summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+        others, until = fork_from or ([], 0)
+        source = next((o for o in others if (runs / o / "summary.json").is_file()
+                       and (runs / o / "checkpoints" / str(until)).is_dir()), None)
+        if source is None:
+            summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+        else:
+            fork(runs / source, until, run_dir, config)
+            summary = run_experiment(config, run_dir, resume=True, progress=False)
+            summary["forked_from"] = {"run": source, "round": until}
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         keep(run_dir, records_of(runs), name, spec)
     finally:
         claim.unlink(missing_ok=True)

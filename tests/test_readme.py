@@ -22,7 +22,8 @@ TINY = {  # per config: the overrides that make its runs take seconds (replacing
     "configs/synthetic_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1", "client.local_epochs=1"],
     "configs/privacy/synthetic_dp_fedavg.yaml": ["rounds.num_rounds=2", "eval.every=1",
                                                 "client.local_epochs=1", "dataset.num_clients=100",
-                                                "rounds.clients_per_round=10", "privacy.delta=1e-3"],
+                                                "rounds.clients_per_round=10", "privacy.delta=1e-3",
+                                                "privacy.accountant=rdp"],  # PLDs take seconds each
     "configs/cifar10_fedavg.yaml": ["dataset.partition={name: iid, num_clients: 4}",
                                     "rounds.clients_per_round=2", "rounds.num_rounds=2", "eval.every=1",
                                     "client.local_epochs=1"],

@@ -379,3 +379,40 @@ def test_fedwalks_pretrained_table_pairs_arms_that_pretrain_alike_and_differ_in_
     for config in configs.values():
         assert (config.rounds.num_rounds, config.model.name, config.seed) == (300, "resnet8", 1)
         assert config.client.schedule.boundaries == (100,)
+
+
+def test_arms_forked_from_a_fedcog_run_at_its_start_round_equal_the_arms_run_from_round_0(tmp_path, records):
+    """FedAvg and FedCOG's size weighting, started from a fixed-weight FedCOG run's checkpoint at the start
+    round, end where they end run from round 0, and their records say where they started."""
+    from fedjax_lab.experiments.config import validate
+
+    raw = {"seed": 1, "dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                                  "dimension": 4, "num_classes": 3, "label_alpha": 0.3},
+           "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "fedavg"},
+           "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.1},
+           "rounds": {"num_rounds": 4, "clients_per_round": 6, "layout": "rules"},
+           "eval": {"every": 1, "per_client": False}, "checkpoint": {"every_blocks": 1, "keep": 9}}
+
+    def fedcog(weighting, start=2):
+        return validate({**raw, "algorithm": {"name": "fedavg", "plugins": [
+            {"name": "fedcog", "start_round": start, "num_samples": 8, "steps": 3, "batch_size": 4,
+             "kd_weighting": weighting, "lambda_kd": 1.0}]}})
+
+    runs, alone = tmp_path / "runs", tmp_path / "alone"
+    table_runs.run_once(runs, "fedcog", fedcog("fixed"))
+    for name, config in (("fedavg", validate(raw)), ("fedcog_size", fedcog("size"))):
+        forked, _ = table_runs.run_once(runs, name, config, fork_from=(["fedcog"], 2))
+        whole, _ = table_runs.run_once(alone, name, config)
+        assert forked["forked_from"] == {"run": "fedcog", "round": 2} and "forked_from" not in whole
+        assert forked["final"] == whole["final"]
+        assert read_metrics(runs / name) == read_metrics(alone / name)
+        assert table_runs.summary(table_runs.collect(runs) / name)["forked_from"]["run"] == "fedcog"
+    # the arms differ after the start round
+    last = [read_metrics(runs / name)[-1]["test_loss"] for name in ("fedavg", "fedcog", "fedcog_size")]
+    assert len(set(last)) == 3
+    with pytest.raises(ValueError, match="must start at round 3 or later"):
+        table_runs.fork(runs / "fedcog", 3, tmp_path / "x", fedcog("size"))
+    with pytest.raises(ValueError, match="differ in more than plug-ins"):
+        table_runs.fork(runs / "fedcog", 2, tmp_path / "x", fedcog("size").model_copy(update={"seed": 2}))
+    with pytest.raises(ValueError, match="has state the source's lacks"):
+        table_runs.fork(runs / "fedavg", 2, tmp_path / "x", fedcog("size"))
