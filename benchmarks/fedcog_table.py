@@ -438,7 +438,8 @@ def plot_decisive_curves(runs: Path, datasets, seeds, out: Path, mark: int = SCA
     methods = (("fedavg", "FedAvg"), ("fedcog", "FedCOG"), ("fedcog_size", "FedCOG, size weighting"))
     return plot_bands([(f"{LABELS[d]} {LABELS[n]}",
                         [(label, seed_curves(runs / d / n / m, seeds)) for m, label in methods])
-                       for d in datasets for n in NIID if has_runs(runs / d / n, "fedcog/*")], out,
+                       for d in datasets for n in NIID
+                       if any(has_runs(runs / d / n, f"{m}/*") for m, _ in methods)], out,
                       mark=mark)
 
 

@@ -547,6 +547,9 @@ def plot_bands(panels: list[tuple[str, list[Series]]], out: Path, *, key: str = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # one colour per label on every panel, even where a panel lacks a series
+    labels = list(dict.fromkeys(label for _, series in panels for label, _ in series))
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     panels = [(title, [(label, curves) for label, curves in series if curves]) for title, series in panels]
     panels = [(title, series) for title, series in panels if series]
     if not panels:
@@ -560,8 +563,9 @@ def plot_bands(panels: list[tuple[str, list[Series]]], out: Path, *, key: str = 
         for label, curves in series:
             rounds, mean, spread, reached = band(curves, key, scale)
             short = f", {len(curves) - reached[-1]} stopped early" if reached[-1] < len(curves) else ""
-            (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(curves)}{short})", linewidth=1.2)
-            ax.fill_between(rounds, mean - spread, mean + spread, color=line.get_color(), alpha=0.2)
+            ax.plot(rounds, mean, label=f"{label} (n={len(curves)}{short})", linewidth=1.2,
+                    color=colours[label])
+            ax.fill_between(rounds, mean - spread, mean + spread, color=colours[label], alpha=0.2)
         if mark is not None:
             ax.axvline(mark, color="grey", linestyle="--", linewidth=0.8)
         if log:
