@@ -2,6 +2,7 @@
 pairs by seed, only seeds both arms ran, and "unresolved (n seeds)" below two pairs."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -153,17 +154,40 @@ def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pai
         fake_run(paper / f"fashion_mnist/niid1/fedcog/seed{seed}", fedcog)
     fake_run(paper / "fashion_mnist/niid2/fedavg/seed0", 0.60)  # one seed there: NIID-2 stays at CPU scale
     fake_run(paper / "fashion_mnist/niid2/fedcog/seed0", 0.65)
-    summary = fedcog_table.decisive(cpu, paper)
+    summary = fedcog_table.decisive(cpu, paper, tmp_path / "none")
     # differences 1.3 and 0.9 points on NIID-1 at the paper's scale, 1.0 on every seed at CPU scale on NIID-2
     assert [(c.text, judge(c)[1]) for c in summary.claims] == [
         ("FedCOG beats FedAvg, Fashion-MNIST NIID-1, the paper's scale", [0, 1]),
         ("FedCOG beats FedAvg, Fashion-MNIST NIID-2, CPU scale", [0, 1, 2])]
+    with_size = tmp_path / "with_size"  # and the size weighting on NIID-2, at the paper's scale only
+    shutil.copytree(paper, with_size)
+    for seed in range(3):
+        if seed:
+            fake_run(with_size / f"fashion_mnist/niid2/fedavg/seed{seed}", 0.60)
+        fake_run(with_size / f"fashion_mnist/niid2/fedcog_size/seed{seed}", 0.62 + 0.01 * seed)
+    sized = fedcog_table.decisive(cpu, with_size, tmp_path / "none")
+    # its differences 2, 3 and 4 points; no size-weighting claim where it never ran
+    assert [(c.text, judge(c)[1]) for c in sized.claims] == [
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-1, the paper's scale", [0, 1]),
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-2, CPU scale", [0, 1, 2]),
+        ("FedCOG, size weighting, beats FedAvg, Fashion-MNIST NIID-2, the paper's scale", [0, 1, 2])]
+    assert judge(sized.claims[2])[0] == "+3.0 [+0.5, +5.5]"
+    assert sized.at_scale == "FedCOG's Fashion-MNIST NIID-1, Fashion-MNIST NIID-2"
+    assert sized.ours.endswith("on Fashion-MNIST NIID-2")  # its fixed-weight claim is at CPU scale
     assert summary.page == "fedcog_paper_claims.md" and summary.at_scale == "FedCOG's Fashion-MNIST NIID-1"
     assert summary.ours.startswith("the paper's federation, model and client work (100 % of its client "
                                    "steps) on Fashion-MNIST NIID-1; ")
     assert reproductions.at_scale([summary, summary]) == ("FedCOG's Fashion-MNIST NIID-1 and "
                                                           "FedCOG's Fashion-MNIST NIID-1")
-    only_cpu = fedcog_table.decisive(cpu, tmp_path / "none")
+    rerun = tmp_path / "fedcog_weighting"  # the one-VM rerun judges the size weighting at CPU scale
+    for seed in range(3):
+        fake_run(rerun / f"fashion_mnist/niid1/fedavg/seed{seed}", 0.70)
+        fake_run(rerun / f"fashion_mnist/niid1/fedcog_size/seed{seed}", 0.69)
+    only_cpu = fedcog_table.decisive(cpu, tmp_path / "none", rerun)
+    assert [(c.text, judge(c)[0]) for c in only_cpu.claims] == [
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-1, CPU scale", "+1.0 [+1.0, +1.0]"),
+        ("FedCOG, size weighting, beats FedAvg, Fashion-MNIST NIID-1, CPU scale", "-1.0 [-1.0, -1.0]"),
+        ("FedCOG beats FedAvg, Fashion-MNIST NIID-2, CPU scale", "+1.0 [+1.0, +1.0]")]
     assert (only_cpu.page, only_cpu.at_scale) == ("fedcog_claims.md", "")
     assert reproductions.at_scale([only_cpu]) == "nothing"
 
