@@ -417,8 +417,8 @@ def decisive(records=None, paper=None, weighting=None) -> Decisive:
         claims = []
         for dataset, column in DATASET_COLUMN.items():
             for k, niid in enumerate(NIID):
+                cell = f"{dataset}/{niid}"
                 for method, label in arms:
-                    cell = f"{dataset}/{niid}"
                     use = rerun if (method == "fedcog_size" and rerun is not None
                                     and has_runs(rerun / cell, "fedcog_size/*")) else source
                     seeds = seeds_on_disk(use, [0, 1, 2])
