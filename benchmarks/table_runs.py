@@ -11,9 +11,15 @@ every run made before. ``python benchmarks/compact_records.py`` turns record fol
 these files.
 
 A run is skipped when its record or its ``summary.json`` exists (it finished before), or when another copy of
-the script holds its claim file ``<runs>/.claims/<name with / as __>``. A claim is released when its run ends,
-also when it fails, so an interrupted script leaves nothing that blocks a later one; a copy killed outright
-leaves its claim behind, and ``rm -r <runs>/.claims`` clears it.
+the script holds its claim file ``<runs>/.claims/<name with / as __>``, which names the copy's host and
+process. A claim is released when its run ends, also when it fails. A copy killed outright (``kill -9``, a
+machine that went away) leaves its claim behind: a later copy on the same host takes it over once that
+process has gone, and says so; one it cannot check (another host's, or an older script's empty file) it
+leaves, naming the file to remove.
+
+A run that a killed copy left unfinished resumes from its last checkpoint when its directory holds the same
+config (the runner's resume, which ends where a run never stopped ends) instead of starting again. Its summary
+says where it resumed and under which commit (``resumed``); a forked run keeps its ``forked_from``.
 
 The readers below (``finished``, ``evaluations``, ``metrics``, ``summary``, ``arrays``, ``sizes``, ``config``,
 ``has_runs``, ...) take a run either as ``records / name`` (``records`` as ``collect`` returns them) or as the
@@ -33,8 +39,10 @@ import contextlib
 import dataclasses
 import fnmatch
 import json
+import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 import warnings
@@ -103,10 +111,12 @@ def records_of(runs: Path) -> Path:
     return RECORDS / f"{Path(runs).name}{SUFFIX}"
 
 
-def keep(run_dir: Path, records: Path, name: str, spec: Keep = EVALUATIONS) -> None:
+def keep(run_dir: Path, records: Path, name: str, spec: Keep = EVALUATIONS,
+         commit: str | None = None) -> None:
     """Adds the record of the finished run in ``run_dir`` (what ``spec`` keeps) to the file ``records`` as
-    ``name``."""
-    record_files.add(records, [Record.from_run_dir(run_dir, name, spec, record_files.code_commit())])
+    ``name``, made by ``commit`` (default: this checkout's)."""
+    commit = commit or record_files.code_commit()
+    record_files.add(records, [Record.from_run_dir(run_dir, name, spec, commit)])
 
 
 def collect(runs: Path, spec: Keep = EVALUATIONS) -> Records:
@@ -197,8 +207,9 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
     """Runs ``config`` into ``runs/name`` unless it has finished or another copy claimed it, and keeps its
     record (what ``spec`` says).
 
-    ``fork_from=(others, round)`` starts it from the first of the runs ``runs/<other>`` that has finished and
-    kept its checkpoint after ``round`` (:func:`fork`), and its summary (so its record) names that run
+    A run left unfinished under the same config resumes from its last checkpoint. Otherwise
+    ``fork_from=(others, round)`` starts it from the first of the runs ``runs/<other>`` that has finished
+    and kept its checkpoint after ``round`` (:func:`fork`), and its summary (so its record) names that run
     (``forked_from``); with none such it runs from round 0.
 
     Returns:
@@ -207,33 +218,116 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
     run_dir = runs / name
     if (run_dir / "summary.json").is_file() or name in record_files.read(records_of(runs)):
         return None
-    claim = runs / ".claims" / name.replace("/", "__")
-    claim.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        claim.open("x").close()
-    except FileExistsError:
-        return None
-    record_files.code_commit()  # the commit the run starts from (read once)
-    if "layout" not in config.rounds.model_fields_set:
+    if config is not None and "layout" not in config.rounds.model_fields_set:
         # The hand rules' layout, not a timed choice: the arms of a paired claim then share their layout
         # (bit-for-bit comparisons between them hold), and no record depends on a machine's timing noise.
         config = config.model_copy(update={"rounds": config.rounds.model_copy(update={"layout": "rules"})})
-    start = time.perf_counter()
-    try:
-        others, until = fork_from or ([], 0)
-        source = next((o for o in others if (runs / o / "summary.json").is_file()
-                       and (runs / o / "checkpoints" / str(until)).is_dir()), None)
-        if source is None:
-            summary = run_experiment(config, run_dir, overwrite=True, progress=False)
+    with claimed(runs, name) as mine:
+        if not mine:
+            return None
+        commit = record_files.code_commit()  # this checkout's (read once)
+        start = time.perf_counter()
+        resume_after = interrupted_at(run_dir, config)
+        if resume_after is None:
+            others, until = fork_from or ([], 0)
+            source = next((o for o in others if (runs / o / "summary.json").is_file()
+                           and (runs / o / "checkpoints" / str(until)).is_dir()), None)
+            if source is not None:
+                fork(runs / source, until, run_dir, config)
+            origin = {"commit": commit}
+            if source is not None:
+                origin["forked_from"] = {"run": source, "round": until}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(run_dir / STARTED, json.dumps(origin) + "\n")
+            summary = run_experiment(config, run_dir, resume=source is not None, overwrite=source is None,
+                                     progress=False)
         else:
-            fork(runs / source, until, run_dir, config)
+            print(f"{name}: resuming the unfinished run in {run_dir} after round {resume_after}", flush=True)
+            origin = json.loads((run_dir / STARTED).read_text()) if (run_dir / STARTED).is_file() else {}
+            origin["resumed"] = [*origin.get("resumed", []), {"round": resume_after, "commit": commit}]
+            write_atomically(run_dir / STARTED, json.dumps(origin) + "\n")
             summary = run_experiment(config, run_dir, resume=True, progress=False)
-            summary["forked_from"] = {"run": source, "round": until}
-            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        keep(run_dir, records_of(runs), name, spec)
+        summary |= {k: origin[k] for k in ("forked_from", "resumed") if k in origin}
+        write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        keep(run_dir, records_of(runs), name, spec, commit=origin.get("commit", commit))
+    return summary, time.perf_counter() - start
+
+
+STARTED = "table_run.json"
+"""A run directory's note of how :func:`run_once` started it, for its summary: the commit, ``forked_from``,
+and ``resumed`` once a later copy resumed it."""
+
+
+def interrupted_at(run_dir: Path, config: Config) -> int | None:
+    """The round of the last checkpoint of an unfinished run of ``config`` in ``run_dir``; None where there
+    is nothing to resume (no run, no checkpoint yet, or another config's run, which is then run again)."""
+    from fedjax_lab.experiments import ConfigError
+    from fedjax_lab.experiments.run_directory import RunDirectoryError
+    from fedjax_lab.experiments.runner import check_run_directory
+
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    try:
+        action, _ = check_run_directory(config, run_dir, resume=True, overwrite=False)
+    except (ConfigError, RunDirectoryError) as error:
+        print(f"{run_dir} holds an unfinished run it cannot resume, so it starts again: {error}", flush=True)
+        return None
+    if action != "resume":
+        return None
+    return max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@contextlib.contextmanager
+def claimed(runs: Path, name: str) -> Iterator[bool]:
+    """Holds the claim on ``name`` (``<runs>/.claims/<name with / as __>``, its text ``host pid``) for the
+    ``with`` block, yielding True; yields False, holding nothing, while another copy holds it."""
+    claim = runs / ".claims" / name.replace("/", "__")
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    if not _take(claim, name):
+        yield False
+        return
+    try:
+        yield True
     finally:
         claim.unlink(missing_ok=True)
-    return summary, time.perf_counter() - start
+
+
+def _take(claim: Path, name: str) -> bool:
+    """Creates ``claim`` for this process, or takes it over from a process of this host that has gone."""
+    host = socket.gethostname()
+    for _ in range(2):
+        try:
+            with claim.open("x") as file:
+                file.write(f"{host} {os.getpid()}\n")
+            return True
+        except FileExistsError:
+            try:
+                owner = claim.read_text().split()
+            except FileNotFoundError:  # released meanwhile
+                continue
+        checkable = len(owner) == 2 and owner[0] == host and owner[1].isdigit()
+        if checkable and not _alive(int(owner[1])):
+            print(f"{name}: taking over the claim of process {owner[1]}, which has gone", flush=True)
+            claim.unlink(missing_ok=True)
+            continue
+        if checkable:
+            print(f"{name}: skipped, claimed by process {owner[1]}", flush=True)
+        else:
+            holder = " ".join(owner) or "an unknown copy"
+            print(f"{name}: skipped, claimed by {holder} ({claim}: remove it if no copy runs this cell)",
+                  flush=True)
+        return False
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 # --------------------------------------------------------------------------------- reading runs and records

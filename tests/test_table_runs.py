@@ -3,6 +3,9 @@ again."""
 
 import gzip
 import json
+import os
+import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -381,22 +384,29 @@ def test_fedwalks_pretrained_table_pairs_arms_that_pretrain_alike_and_differ_in_
         assert config.client.schedule.boundaries == (100,)
 
 
+TINY = {"seed": 1, "dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
+                               "dimension": 4, "num_classes": 3, "label_alpha": 0.3},
+        "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "fedavg"},
+        "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.1},
+        "rounds": {"num_rounds": 4, "clients_per_round": 6, "layout": "rules"},
+        "eval": {"every": 1, "per_client": False}, "checkpoint": {"every_blocks": 1, "keep": 9}}
+"""A four-round run of seconds, checkpointed after every round."""
+
+
+def tiny_fedcog(weighting, start=2):
+    from fedjax_lab.experiments.config import validate
+
+    return validate({**TINY, "algorithm": {"name": "fedavg", "plugins": [
+        {"name": "fedcog", "start_round": start, "num_samples": 8, "steps": 3, "batch_size": 4,
+         "kd_weighting": weighting, "lambda_kd": 1.0}]}})
+
+
 def test_arms_forked_from_a_fedcog_run_at_its_start_round_equal_the_arms_run_from_round_0(tmp_path, records):
     """FedAvg and FedCOG's size weighting, started from a fixed-weight FedCOG run's checkpoint at the start
     round, end where they end run from round 0, and their records say where they started."""
     from fedjax_lab.experiments.config import validate
 
-    raw = {"seed": 1, "dataset": {"name": "gaussian_mixture", "num_clients": 6, "examples_per_client": 12,
-                                  "dimension": 4, "num_classes": 3, "label_alpha": 0.3},
-           "model": {"name": "mlp", "hidden": [8]}, "algorithm": {"name": "fedavg"},
-           "client": {"local_steps": 3, "batch_size": 4, "learning_rate": 0.1},
-           "rounds": {"num_rounds": 4, "clients_per_round": 6, "layout": "rules"},
-           "eval": {"every": 1, "per_client": False}, "checkpoint": {"every_blocks": 1, "keep": 9}}
-
-    def fedcog(weighting, start=2):
-        return validate({**raw, "algorithm": {"name": "fedavg", "plugins": [
-            {"name": "fedcog", "start_round": start, "num_samples": 8, "steps": 3, "batch_size": 4,
-             "kd_weighting": weighting, "lambda_kd": 1.0}]}})
+    raw, fedcog = TINY, tiny_fedcog
 
     runs, alone = tmp_path / "runs", tmp_path / "alone"
     table_runs.run_once(runs, "fedcog", fedcog("fixed"))
@@ -416,3 +426,68 @@ def test_arms_forked_from_a_fedcog_run_at_its_start_round_equal_the_arms_run_fro
         table_runs.fork(runs / "fedcog", 2, tmp_path / "x", fedcog("size").model_copy(update={"seed": 2}))
     with pytest.raises(ValueError, match="has state the source's lacks"):
         table_runs.fork(runs / "fedavg", 2, tmp_path / "x", fedcog("size"))
+
+
+def dead_process_id() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_run_a_killed_copy_left_resumes_from_its_checkpoint_and_ends_where_a_whole_run_ends(
+        tmp_path, records, capsys):
+    """A copy killed outright leaves its claim and an unfinished run: the next copy takes the claim over, its
+    process having gone, and resumes the run instead of starting it again."""
+    from fedjax_lab.experiments import run_experiment
+    from fedjax_lab.experiments.config import validate
+
+    config, runs = validate(TINY), tmp_path / "runs"
+    run_experiment(config, runs / "a", stop_after_round=2, progress=False)
+    (runs / ".claims").mkdir(parents=True)
+    gone = dead_process_id()
+    (runs / ".claims" / "a").write_text(f"{socket.gethostname()} {gone}\n")
+    resumed, _ = table_runs.run_once(runs, "a", config)
+    out = capsys.readouterr().out
+    assert f"taking over the claim of process {gone}" in out and "resuming the unfinished run" in out
+    assert not (runs / ".claims" / "a").exists()
+    whole, _ = table_runs.run_once(tmp_path / "alone", "a", config)
+    assert [r["round"] for r in resumed["resumed"]] == [2] and "resumed" not in whole
+    assert resumed["final"] == whole["final"]
+    assert read_metrics(runs / "a") == read_metrics(tmp_path / "alone" / "a")
+    assert table_runs.summary(table_runs.collect(runs) / "a")["resumed"][0]["round"] == 2
+
+
+def test_an_interrupted_fork_resumes_as_a_fork(tmp_path, records, monkeypatch):
+    """A forked arm stopped after a round of its own resumes from there, still named as forked, and ends where
+    the arm run from round 0 ends."""
+    runs = tmp_path / "runs"
+    table_runs.run_once(runs, "fedcog", tiny_fedcog("fixed"))
+    real = table_runs.run_experiment
+
+    def killed_after_round_3(*args, **kwargs):
+        real(*args, **kwargs, stop_after_round=3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(table_runs, "run_experiment", killed_after_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        table_runs.run_once(runs, "fedcog_size", tiny_fedcog("size"), fork_from=(["fedcog"], 2))
+    assert not (runs / ".claims" / "fedcog_size").exists()  # released when its run fails
+    monkeypatch.setattr(table_runs, "run_experiment", real)
+    forked, _ = table_runs.run_once(runs, "fedcog_size", tiny_fedcog("size"), fork_from=(["fedcog"], 2))
+    whole, _ = table_runs.run_once(tmp_path / "alone", "fedcog_size", tiny_fedcog("size"))
+    assert forked["forked_from"] == {"run": "fedcog", "round": 2}
+    assert [r["round"] for r in forked["resumed"]] == [3]
+    assert forked["final"] == whole["final"]
+
+
+def test_a_claim_of_a_live_copy_or_of_one_that_cannot_be_checked_is_left_and_named(tmp_path, records, capsys):
+    runs = tmp_path / "runs"
+    (runs / ".claims").mkdir(parents=True)
+    (runs / ".claims" / "a").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    (runs / ".claims" / "b").write_text(f"another-host {dead_process_id()}\n")
+    assert table_runs.run_once(runs, "a", config=None) is None
+    assert table_runs.run_once(runs, "b", config=None) is None
+    out = capsys.readouterr().out
+    assert f"a: skipped, claimed by process {os.getpid()}" in out
+    assert "b: skipped, claimed by another-host" in out and "remove it if no copy runs this cell" in out
+    assert (runs / ".claims" / "a").exists() and (runs / ".claims" / "b").exists()
