@@ -515,10 +515,15 @@ def at_either_scale(paper: list[Claim], cpu: list[Claim]) -> tuple[list[Claim], 
     return chosen, from_paper
 
 
+MIN_SEEDS = 3
+"""The fewest paired seeds a verdict is drawn from; with fewer the interval is shown and the claim stays
+unresolved (two seeds that happen to agree give a narrow interval that says little)."""
+
+
 def judge(claim: Claim) -> tuple[str, list[int], str]:
     """(our mean paired difference and interval, the seeds that pair, the verdict) of ``claim``. A seed whose
     run diverged in either arm (its value NaN) pairs nothing: a model at chance after a NaN says nothing of
-    the gain; the verdict names those seeds."""
+    the gain; the verdict names those seeds. Fewer than ``MIN_SEEDS`` pairs leave it unresolved."""
     both = sorted(set(claim.method) & set(claim.base))
     seeds = [s for s in both if np.isfinite(claim.method[s]) and np.isfinite(claim.base[s])]
     diverged = [s for s in both if s not in seeds]
@@ -530,8 +535,10 @@ def judge(claim: Claim) -> tuple[str, list[int], str]:
         return (ours, seeds or diverged,
                 f"unresolved ({len(seeds)} seed{'' if len(seeds) == 1 else 's'}{note})")
     difference = paired_difference([claim.method[s] for s in seeds], [claim.base[s] for s in seeds])
-    return (describe(difference, digits=claim.our_digits, scale=1.0), seeds,
-            verdict(difference, claim.paper_gain) + (f" ({note[2:]})" if note else ""))
+    ours = describe(difference, digits=claim.our_digits, scale=1.0)
+    if len(seeds) < MIN_SEEDS:
+        return ours, seeds, f"unresolved ({len(seeds)} seeds{note})"
+    return ours, seeds, verdict(difference, claim.paper_gain) + (f" ({note[2:]})" if note else "")
 
 
 def paper_gain_cell(claim: Claim) -> str:

@@ -30,6 +30,13 @@ def test_fewer_than_two_pairs_leave_a_claim_unresolved():
     assert judge(Claim("A beats B", 1.0, {0: 3.0}, {1: 2.5})) == ("-", [], "unresolved (0 seeds)")
 
 
+def test_two_seeds_give_an_interval_but_no_verdict():
+    # differences 0.74 and 0.68: an interval wholly above 0 that three seeds would call held
+    claim = Claim("A beats B", 0.49, {0: 53.12, 1: 53.18}, {0: 52.38, 1: 52.50})
+    assert judge(claim) == ("+0.7 [+0.3, +1.1]", [0, 1], "unresolved (2 seeds)")
+    assert judge(Claim("A beats B", 0.49, {**claim.method, 2: 53.0}, {**claim.base, 2: 52.3}))[2] == "held"
+
+
 def test_the_claims_table_has_a_row_per_claim_and_lists_the_unpaired_below():
     lines = claims_table([Claim("A beats B, NIID-1", 4.27, {0: 71.0, 1: 69.2, 2: 74.9},
                                 {0: 69.7, 1: 68.3, 2: 73.5}),
