@@ -378,8 +378,8 @@ def claims(runs: Path, weighting: Path | None, datasets, seeds, out: Path,
              CLAIMS_RULE, "",
              (f"Ours ({scale.setup}): the final round's test accuracy (%), the number "
               f"[{scale.tables}]({scale.tables}) shows, from the runs' records "
-              f"(`benchmarks/results/records/{scale.runs}.jsonl.gz`{rerun}). A claim whose runs have not "
-              "finished on two seeds or more is unresolved."), "",
+              f"(`benchmarks/results/records/{scale.runs}.jsonl.gz`{rerun}); a run still going counts "
+              "for nothing."), "",
              "## Table 1: \"FedCOG improves on FedAvg\"", "", *claims_table(table1), "",
              ("## Table 1 with the code's size weighting (App. A.2.2; the paper does not say which weighting "
               "its table used, so its FedCOG gain is the reference)"), "", *claims_table(size), "",

@@ -6,7 +6,7 @@ Everything comes from the committed records (``benchmarks/results/records/*.json
 script's ``decisive()``, so on a fresh clone::
 
     python benchmarks/reproductions.py                 # the summary page
-    python benchmarks/reproductions.py --all           # and every paper's claims page
+    python benchmarks/reproductions.py --all           # and every page that quotes a verdict
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ PAPERS = (fedwalk_table, bherd_table, feddle_table, fedcog_table, fedimpro_table
 CLAIM_PAGES = {  # the command that regenerates each paper's claims page from its records
     "fedwalk_table": ["--report-only"], "bherd_table": ["--report"], "feddle_table": ["--claims"],
     "fedcog_table": ["--claims"], "fedimpro_table": ["--claims"]}
+PAPER_SCALE = ["--scale", "paper", "--datasets", "fashion_mnist", "cifar10", "--seeds", *"01234"]
+OTHER_PAGES = [  # the other pages that quote verdicts: FedCOG at the paper's scale, and the privacy table
+    ("fedcog_table.py", [*PAPER_SCALE, "--report"]), ("fedcog_table.py", [*PAPER_SCALE, "--claims"]),
+    ("privacy_table.py", ["--report"])]
 
 
 def verdicts(decisive: Decisive) -> Counter:
@@ -69,12 +73,14 @@ def summary_lines(papers: list[Decisive]) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="also regenerate every paper's claims page")
+    parser.add_argument("--all", action="store_true", help="also regenerate every page that quotes a verdict")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.all:
         for module in PAPERS:
             subprocess.run([sys.executable, module.__file__, *CLAIM_PAGES[module.__name__]], check=True)
+        for script, args_ in OTHER_PAGES:
+            subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args_], check=True)
     print(f"wrote {write_report(args.out, chr(10).join(summary_lines([m.decisive() for m in PAPERS])))}")
 
 

@@ -460,6 +460,11 @@ def claims_header(unit: str = "points") -> list[str]:
              "seeds | verdict |"), "|---|---|---|---|---|"]
 
 
+MIN_SEEDS = 3
+"""The fewest paired seeds a verdict is drawn from; with fewer the interval is shown and the claim stays
+unresolved (two seeds that happen to agree give a narrow interval that says little)."""
+
+
 CLAIMS_HEADER = claims_header()
 CLAIMS_RULE = (
     "Each claim \"A beats B\" is judged by the paired difference A - B over the seeds both arms ran (the "
@@ -467,8 +472,8 @@ CLAIMS_RULE = (
     "Student-t interval, from the sample standard deviation (ddof 1) of the differences "
     "(`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; **not "
     "held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
-    "paper's gain, or fewer than 2 seeds pair (\"unresolved (n seeds)\"). The paper's gain is the difference "
-    "of its two means.")
+    f"paper's gain, or fewer than {MIN_SEEDS} seeds pair (\"unresolved (n seeds)\"), when the interval "
+    "is shown without a verdict. The paper's gain is the difference of its two means.")
 
 
 @dataclass
@@ -513,11 +518,6 @@ def at_either_scale(paper: list[Claim], cpu: list[Claim]) -> tuple[list[Claim], 
         chosen.append(dataclasses.replace(claim, text=f"{claim.text}, {scale}"))
         from_paper.append(use)
     return chosen, from_paper
-
-
-MIN_SEEDS = 3
-"""The fewest paired seeds a verdict is drawn from; with fewer the interval is shown and the claim stays
-unresolved (two seeds that happen to agree give a narrow interval that says little)."""
 
 
 def judge(claim: Claim) -> tuple[str, list[int], str]:
