@@ -1,5 +1,5 @@
 """The reproduction reports judge each paper claim by the paired difference over seeds (``table_runs.judge``):
-pairs by seed, only seeds both arms ran, and "unresolved (n seeds)" below two pairs."""
+pairs by seed, only seeds both arms ran, and "unresolved (n seeds)" below ``table_runs.MIN_SEEDS`` pairs."""
 
 import json
 import shutil
@@ -281,3 +281,20 @@ def test_the_privacy_page_is_regenerated_from_its_committed_records_as_committed
     committed = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / "privacy_results.md"
     assert out.read_text() == committed.read_text()
     assert "| adaptive | 0.5 |" in out.read_text() and (tmp_path / "privacy_curves.png").is_file()
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_fedcogs_claims_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, scale):
+    """``reproductions.py --all`` rewrites both FedCOG claims pages from the committed records alone; a page
+    left behind its records (a new run kept, the page not rewritten) fails here."""
+    import fedcog_table
+
+    setup = fedcog_table.SCALES[scale]
+    records = table_runs.collect(tmp_path / setup.runs, fedcog_table.KEEP)
+    weighting = (table_runs.collect(tmp_path / "fedcog_weighting", fedcog_table.KEEP) if scale == "cpu"
+                 else None)
+    out = tmp_path / setup.claims
+    fedcog_table.claims(records, weighting, table_runs.datasets_on_disk(records, fedcog_table.DATASET_COLUMN),
+                        table_runs.seeds_on_disk(records, [0, 1, 2]), out, setup)
+    committed = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / setup.claims
+    assert out.read_text() == committed.read_text()
