@@ -283,18 +283,31 @@ def test_the_privacy_page_is_regenerated_from_its_committed_records_as_committed
     assert "| adaptive | 0.5 |" in out.read_text() and (tmp_path / "privacy_curves.png").is_file()
 
 
-@pytest.mark.parametrize("scale", ["cpu", "paper"])
-def test_fedcogs_claims_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, scale):
-    """``reproductions.py --all`` rewrites both FedCOG claims pages from the committed records alone; a page
-    left behind its records (a new run kept, the page not rewritten) fails here."""
-    import fedcog_table
 
-    setup = fedcog_table.SCALES[scale]
-    records = table_runs.collect(tmp_path / setup.runs, fedcog_table.KEEP)
-    weighting = (table_runs.collect(tmp_path / "fedcog_weighting", fedcog_table.KEEP) if scale == "cpu"
-                 else None)
+@pytest.mark.parametrize("module, scale", [("fedcog_table", "cpu"), ("fedcog_table", "paper"),
+                                           ("feddle_table", "cpu"), ("fedimpro_table", "cpu"),
+                                           ("bherd_table", None)])
+def test_the_claims_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, module, scale):
+    """``reproductions.py --all`` rewrites each claims page from the committed records alone, as here; a page
+    left behind its records (a run kept, the page not rewritten) fails."""
+    import importlib
+
+    script = importlib.import_module(module)
+    pages = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
+    if scale is None:  # BHerd: one scale, its seeds named
+        out = tmp_path / "bherd_claims.md"
+        script.claims(table_runs.collect(tmp_path / "bherd", script.KEEP), [0, 1, 2], out)
+        assert out.read_text() == (pages / out.name).read_text()
+        return
+    setup = script.SCALES[scale]
+    records = table_runs.collect(tmp_path / setup.runs, script.KEEP)
+    columns = script.DATASET_COLUMN if module == "fedcog_table" else script.PAPER
+    where = (table_runs.datasets_on_disk(records, columns), table_runs.seeds_on_disk(records, [0, 1, 2]))
     out = tmp_path / setup.claims
-    fedcog_table.claims(records, weighting, table_runs.datasets_on_disk(records, fedcog_table.DATASET_COLUMN),
-                        table_runs.seeds_on_disk(records, [0, 1, 2]), out, setup)
-    committed = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / setup.claims
-    assert out.read_text() == committed.read_text()
+    if module == "fedcog_table":
+        weighting = (table_runs.collect(tmp_path / "fedcog_weighting", script.KEEP) if scale == "cpu"
+                     else None)
+        script.claims(records, weighting, *where, out, setup)
+    else:
+        script.claims(records, *where, out, setup)
+    assert out.read_text() == (pages / setup.claims).read_text()
