@@ -225,18 +225,22 @@ def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) ->
     return lines
 
 
-def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
+def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> bool:
     """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case (seed
-    means)."""
+    means). Returns whether any of ``methods`` had runs to draw; with none, nothing is written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    drawn = {(case, method): got for case in cases for method in methods
+             if (got := curves(runs, run_name(part, case, method), seeds))}
+    if not drawn:
+        return False
     fig, axes = plt.subplots(2, len(cases), figsize=(4.6 * len(cases), 6.4), squeeze=False)
     for j, case in enumerate(cases):
         for method in methods:
-            got = curves(runs, run_name(part, case, method), seeds)
+            got = drawn.get((case, method))
             if not got:
                 continue
             length = min(len(r) for r, _ in got.values())
@@ -254,6 +258,7 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+    return True
 
 
 def exclusion(run_dir: Path, last: int = EXCLUSION_ROUNDS) -> tuple[float, float] | None:
@@ -487,12 +492,12 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
         lines += [f"## {title}", ""]
         for case in cases:
             lines += [f"### Case {case}", "", *case_table(runs, part, case, seeds, methods, checkpoints), ""]
-        plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd", "bherd_rr"],
-                   out_dir / f"bherd_{part}.png")
-        plot_cases(runs, part, cases, seeds, ["fednova", "bherd_fednova", "scaffold", "bherd_scaffold"],
-                   out_dir / f"bherd_{part}_combined.png")
-        lines += [f"![{part}: FedAvg, GraB, BHerd (fixed order and reshuffled)](bherd_{part}.png)", "",
-                  f"![{part}: FedNova, SCAFFOLD and their BHerd versions](bherd_{part}_combined.png)", ""]
+        if plot_cases(runs, part, cases, seeds, ["centralized", "fedavg", "grab", "bherd", "bherd_rr"],
+                      out_dir / f"bherd_{part}.png"):
+            lines += [f"![{part}: FedAvg, GraB, BHerd (fixed order and reshuffled)](bherd_{part}.png)", ""]
+        if plot_cases(runs, part, cases, seeds, ["fednova", "bherd_fednova", "scaffold", "bherd_scaffold"],
+                      out_dir / f"bherd_{part}_combined.png"):
+            lines += [f"![{part}: FedNova, SCAFFOLD and their BHerd versions](bherd_{part}_combined.png)", ""]
     alpha_methods = ["svm/case{case}/fedavg"] + [f"alpha/case{{case}}/a{a}" if a != 0.5
                                                  else "svm/case{case}/bherd"
                                                  for a in ALPHAS]

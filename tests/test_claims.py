@@ -147,6 +147,18 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
 
 
+def test_bherds_figure_draws_only_methods_that_ran_and_is_not_written_for_none(tmp_path):
+    import bherd_table
+
+    fake_curve(tmp_path / "cnn10/case3/fedavg/seed0",
+               [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 1.0},
+                {"round": 5, "test_accuracy": 0.5, "full_train_loss": 0.4}])
+    drawn, empty = tmp_path / "drawn.png", tmp_path / "empty.png"
+    assert bherd_table.plot_cases(tmp_path, "cnn10", (3,), [0], ["fedavg", "bherd"], drawn)
+    assert drawn.is_file()
+    assert not bherd_table.plot_cases(tmp_path, "cnn10", (3,), [0], ["scaffold", "fednova"], empty)
+    assert not empty.exists()
+
 def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pair_there(tmp_path):
     import fedcog_table
     import reproductions
