@@ -225,6 +225,16 @@ def test_fedwalks_claims_pair_x_plus_fedwalk_with_x_by_seed():
     assert all(not c.method for c in claims if c is not fedavg)
 
 
+def test_fedwalks_sweep_figure_is_not_written_without_a_sweep(tmp_path):
+    import fedwalk_table
+
+    summary = {"summary": {"best_test_accuracy": 0.4}}
+    out = tmp_path / "fedwalk_tau.png"
+    assert not fedwalk_table.plot_sweep({"table/dir0.1/fedavg/seed0": summary, "pretrain/LH": summary}, out)
+    assert not out.exists()
+    assert fedwalk_table.plot_sweep({"table/dir0.1/fedavg/seed0": summary, "sweep/LH/tau-1": summary}, out)
+    assert out.is_file()
+
 def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
     import fedwalk_table
 
