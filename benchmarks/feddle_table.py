@@ -303,6 +303,13 @@ def center_metric(runs: Path, dataset: str, seed: int) -> tuple[float, float] | 
     return next((m for m in found if m is not None), None)
 
 
+PRE_RECORDS = {  # what ran before records were kept, at CPU scale: its numbers are in the page's history
+    "fashion_mnist": ("Table 5's Dir(0.1)/N(20), Dir(0.1)/N(5) and Dir(0.3)/N(20) columns (but Center), "
+                      "Table 3's ablation and the lambda and M trends"),
+}
+PRE_RECORDS_COMMIT = "59e9a7b"  # the last commit whose feddle_tables.md shows them
+
+
 def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"]) -> None:
     """Table 5 beside the paper's rows per dataset, Table 3, the trends, and the figures."""
     import matplotlib
@@ -329,6 +336,12 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
         lines += [f"## Table 5, {dataset}", "", (f"Runs: {backends(runs / dataset)} (each record's summary "
                   "names its backend; a GPU sums floats in another order, which moves a run by about what "
                   "a seed does)."), "",
+                  *([(f"Not in the committed records yet: {PRE_RECORDS[dataset]} on {dataset} ran before "
+                      "records were kept, and their numbers are in this page's history up to commit "
+                      f"{PRE_RECORDS_COMMIT} (`python benchmarks/feddle_table.py --datasets {dataset}` "
+                      "reruns them with records)."), ""]
+                    if scale.name == "cpu" and dataset in PRE_RECORDS
+                    and not has_runs(runs / cell_name(dataset, *COLUMNS[0]), "*/*") else []),
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():

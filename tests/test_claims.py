@@ -333,3 +333,21 @@ def test_the_claims_pages_are_regenerated_from_their_committed_records_as_commit
     else:
         script.claims(records, *where, out, setup)
     assert out.read_text() == (pages / setup.claims).read_text()
+
+
+@pytest.mark.parametrize("module, scale", [("fedcog_table", "cpu"), ("fedcog_table", "paper"),
+                                           ("feddle_table", "cpu"), ("fedimpro_table", "cpu")])
+def test_the_tables_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, module, scale):
+    """The tables pages beside the claims pages, likewise (Feddle's had kept population spreads after its
+    generator moved to the sample standard deviation)."""
+    import importlib
+
+    script = importlib.import_module(module)
+    setup = script.SCALES[scale]
+    records = table_runs.collect(tmp_path / setup.runs, script.KEEP)
+    columns = script.DATASET_COLUMN if module == "fedcog_table" else script.PAPER
+    out = tmp_path / setup.tables
+    script.report(records, table_runs.datasets_on_disk(records, columns),
+                  table_runs.seeds_on_disk(records, [0, 1, 2]), out, setup)
+    pages = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
+    assert out.read_text() == (pages / setup.tables).read_text()
