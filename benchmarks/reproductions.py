@@ -27,13 +27,12 @@ from table_runs import CLAIMS_RULE, Decisive, claims_table, judge, write_report
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "reproductions" / "README.md"
 PAPERS = (fedwalk_table, bherd_table, feddle_table, fedcog_table, fedimpro_table)  # the mission's order
-CLAIM_PAGES = {  # the command that regenerates each paper's claims page from its records
+CLAIM_PAGES = {  # the arguments that regenerate each paper's tables and claims pages from its records
     "fedwalk_table": ["--report-only"], "bherd_table": ["--report"], "feddle_table": ["--report"],
     "fedcog_table": ["--report"], "fedimpro_table": ["--report"]}
 PAPER_SCALE = ["--scale", "paper", "--datasets", "fashion_mnist", "cifar10", "--seeds", *"01234"]
 OTHER_PAGES = [  # the other pages that quote verdicts: FedCOG at the paper's scale, and the privacy table
-    ("fedcog_table.py", [*PAPER_SCALE, "--report"]), ("fedcog_table.py", [*PAPER_SCALE, "--claims"]),
-    ("privacy_table.py", ["--report"])]
+    ("fedcog_table.py", [*PAPER_SCALE, "--report"]), ("privacy_table.py", ["--report"])]
 
 
 def verdicts(decisive: Decisive) -> Counter:
@@ -79,8 +78,8 @@ def main(argv=None) -> None:
     if args.all:
         for module in PAPERS:
             subprocess.run([sys.executable, module.__file__, *CLAIM_PAGES[module.__name__]], check=True)
-        for script, args_ in OTHER_PAGES:
-            subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args_], check=True)
+        for script, script_args in OTHER_PAGES:
+            subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *script_args], check=True)
     print(f"wrote {write_report(args.out, chr(10).join(summary_lines([m.decisive() for m in PAPERS])))}")
 
 

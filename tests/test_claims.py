@@ -159,6 +159,7 @@ def test_bherds_figure_draws_only_methods_that_ran_and_is_not_written_for_none(t
     assert not bherd_table.plot_cases(tmp_path, "cnn10", (3,), [0], ["scaffold", "fednova"], empty)
     assert not empty.exists()
 
+
 def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pair_there(tmp_path):
     import fedcog_table
     import reproductions
@@ -235,6 +236,7 @@ def test_fedwalks_sweep_figure_is_not_written_without_a_sweep(tmp_path):
     assert fedwalk_table.plot_sweep({"table/dir0.1/fedavg/seed0": summary, "sweep/LH/tau-1": summary}, out)
     assert out.is_file()
 
+
 def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
     import fedwalk_table
 
@@ -303,7 +305,6 @@ def test_the_privacy_page_is_regenerated_from_its_committed_records_as_committed
     committed = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / "privacy_results.md"
     assert out.read_text() == committed.read_text()
     assert "| adaptive | 0.5 |" in out.read_text() and (tmp_path / "privacy_curves.png").is_file()
-
 
 
 @pytest.mark.parametrize("module, scale", [("fedcog_table", "cpu"), ("fedcog_table", "paper"),
