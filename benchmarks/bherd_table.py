@@ -233,14 +233,14 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drawn = {(case, method): got for case in cases for method in methods
-             if (got := curves(runs, run_name(part, case, method), seeds))}
-    if not drawn:
+    found = {(case, method): curves(runs, run_name(part, case, method), seeds)
+             for case in cases for method in methods}
+    if not any(found.values()):
         return False
     fig, axes = plt.subplots(2, len(cases), figsize=(4.6 * len(cases), 6.4), squeeze=False)
     for j, case in enumerate(cases):
         for method in methods:
-            got = drawn.get((case, method))
+            got = found[case, method]
             if not got:
                 continue
             length = min(len(r) for r, _ in got.values())
@@ -531,7 +531,7 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
     return write_report(out_dir / "bherd_results.md", "\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["svm", "alpha"],
                         choices=["svm", "svm_lr", "alpha", "cnn_full", "cnn10", "cnn", "cifar"])
@@ -544,7 +544,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the tables and figures")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="overrides for every run (the records keep them)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for part in args.parts:

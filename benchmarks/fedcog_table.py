@@ -378,8 +378,8 @@ def claims(runs: Path, weighting: Path | None, datasets, seeds, out: Path,
              CLAIMS_RULE, "",
              (f"Ours ({scale.setup}): the final round's test accuracy (%), the number "
               f"[{scale.tables}]({scale.tables}) shows, from the runs' records "
-              f"(`benchmarks/results/records/{scale.runs}.jsonl.gz`{rerun}); a run still going counts "
-              "for nothing."), "",
+              f"(`benchmarks/results/records/{scale.runs}.jsonl.gz`{rerun}); a run not yet finished "
+              "is left out."), "",
              "## Table 1: \"FedCOG improves on FedAvg\"", "", *claims_table(table1), "",
              ("## Table 1 with the code's size weighting (App. A.2.2; the paper does not say which weighting "
               "its table used, so its FedCOG gain is the reference)"), "", *claims_table(size), "",
@@ -459,7 +459,7 @@ def plot_decisive_curves(runs: Path, datasets, seeds, out: Path, mark: int = SCA
                       mark=mark)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(DATASET_COLUMN))
     parser.add_argument("--niids", nargs="+", default=list(NIID), choices=list(NIID))
@@ -484,7 +484,7 @@ def main() -> None:
     parser.add_argument("--weighting-runs", default=str(REPO / "runs" / "fedcog_weighting"),
                         help="the one-VM rerun of FedAvg, FedCOG and its size weighting the claims read "
                              "(CPU scale only)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     runs = Path(args.runs or REPO / "runs" / scale.runs)
     pages = REPO / "docs" / "reproductions"

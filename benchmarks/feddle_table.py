@@ -303,11 +303,38 @@ def center_metric(runs: Path, dataset: str, seed: int) -> tuple[float, float] | 
     return next((m for m in found if m is not None), None)
 
 
-PRE_RECORDS = {  # what ran before records were kept, at CPU scale: its numbers are in the page's history
-    "fashion_mnist": ("Table 5's Dir(0.1)/N(20), Dir(0.1)/N(5) and Dir(0.3)/N(20) columns (but Center), "
-                      "Table 3's ablation and the lambda and M trends"),
+PRE_RECORDS = {  # ran at CPU scale before records were kept: (its runs' folder, what, the rerun's arguments)
+    "fashion_mnist": [
+        ("dir0.1/N20", "Table 5's Dir(0.1)/N(20) column", "--alphas 0.1 --sigmas 20"),
+        ("dir0.1/N5", "Table 5's Dir(0.1)/N(5) column", "--alphas 0.1 --sigmas 5"),
+        ("dir0.3/N20", "Table 5's Dir(0.3)/N(20) column", "--alphas 0.3 --sigmas 20"),
+        ("ablation", "Table 3's ablation", "--part ablation"),
+        ("atlas", "the M trend", "--part atlas"),
+        ("lambda", "the lambda trend", "--part lambda"),
+    ],
 }
-PRE_RECORDS_COMMIT = "59e9a7b"  # the last commit whose feddle_tables.md shows them
+PRE_RECORDS_COMMIT = "59e9a7b"  # the last commit that wrote those numbers into feddle_tables.md
+
+
+def pre_records_note(runs: Path, dataset: str, scale: Scale) -> list[str]:
+    """A note naming what of ``dataset``'s CPU-scale page ran before records were kept and has no run with a
+    record yet (a column counts once a method other than Center has run in it), with the commit that shows
+    its numbers and the command that reruns it; nothing where all has rerun, or at the paper's scale."""
+    if scale.name != "cpu":
+        return []
+    def rerun(folder: str) -> bool:
+        if folder.startswith("dir"):  # a Table 5 column: by its methods (Center's runs sit in one column)
+            return any(has_runs(runs / dataset / folder, f"{m}/*") for m in METHODS if m != "center")
+        return has_runs(runs / dataset / folder, "*/*")  # a study: <id|ood>/<step or value>
+
+    missing = [(what, args) for folder, what, args in PRE_RECORDS.get(dataset, []) if not rerun(folder)]
+    if not missing:
+        return []
+    return [(f"Not in the committed records yet, run on {dataset} before records were kept: "
+             f"{'; '.join(what for what, _ in missing)}. Their numbers are in this page's history "
+             f"(`git show {PRE_RECORDS_COMMIT}:docs/reproductions/feddle_tables.md`); each reruns with "
+             f"records by `python benchmarks/feddle_table.py --datasets {dataset}` with, in turn, "
+             + ", ".join(f"`{args}`" for _, args in missing) + "."), ""]
 
 
 def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"]) -> None:
@@ -336,12 +363,7 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
         lines += [f"## Table 5, {dataset}", "", (f"Runs: {backends(runs / dataset)} (each record's summary "
                   "names its backend; a GPU sums floats in another order, which moves a run by about what "
                   "a seed does)."), "",
-                  *([(f"Not in the committed records yet: {PRE_RECORDS[dataset]} on {dataset} ran before "
-                      "records were kept, and their numbers are in this page's history up to commit "
-                      f"{PRE_RECORDS_COMMIT} (`python benchmarks/feddle_table.py --datasets {dataset}` "
-                      "reruns them with records)."), ""]
-                    if scale.name == "cpu" and dataset in PRE_RECORDS
-                    and not has_runs(runs / cell_name(dataset, *COLUMNS[0]), "*/*") else []),
+                  *pre_records_note(runs, dataset, scale),
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():
@@ -376,7 +398,7 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
             fig.savefig(figure, dpi=110)
             plt.close(fig)
             lines += [f"![negative coefficients]({figure.name})", ""]
-        lines += study_report(runs, dataset, out, plt)
+        lines += study_report(runs, dataset, out, plt, scale)
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
 
@@ -557,7 +579,7 @@ def claims(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
     print(f"wrote {written}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(PAPER))
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.1])
@@ -577,7 +599,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", help="the claims page (default: docs/reproductions/<runs>_claims.md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     runs = Path(args.runs or REPO / "runs" / scale.runs)
     pages = REPO / "docs" / "reproductions"

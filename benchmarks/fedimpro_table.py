@@ -480,7 +480,7 @@ def claims(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
     print(f"wrote {written}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["fashion_mnist"], choices=list(PAPER))
     parser.add_argument("--settings", nargs="+", default=["a0.1_E1_M10"], choices=[*SETTINGS, "all"])
@@ -501,7 +501,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
     parser.add_argument("--claims", action="store_true", help="only write the claims page from finished runs")
     parser.add_argument("--claims-out", help="the claims page (default: docs/reproductions/<runs>_claims.md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     settings = list(SETTINGS) if "all" in args.settings else args.settings
     scale = SCALES[args.scale]
     runs = Path(args.runs or REPO / "runs" / scale.runs)

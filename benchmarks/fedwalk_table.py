@@ -1,7 +1,8 @@
 """FedWalk's experiments at CPU scale: Table 2 (FedAvg, SCAFFOLD, FedProx, FedNova, each alone and "+
 FedWalk", CIFAR-10 Dirichlet(0.1) and "IID" Dirichlet(10), several seeds), the tau sweep of Fig. 3 for the LH,
 MH and HH leashes, and the pre-training ablation of Fig. 4. Writes ``docs/reproductions/fedwalk_results.md``
-and ``docs/reproductions/fedwalk_tau.png`` after every run, so that an interrupted job leaves usable tables.
+after every run, so that an interrupted job leaves usable tables, and ``docs/reproductions/fedwalk_tau.png``
+once a sweep has run.
 
 Also FedAvg and FedWalk from a model pre-trained on the leash (the paper starts from ImageNet weights).
 The scale is that of ``configs/fedwalk/cifar10_dir0.1.yaml`` (simple-CNN, 100 clients, 20 per round, 5 steps

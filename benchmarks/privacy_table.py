@@ -170,7 +170,7 @@ def report(runs, seeds, out: Path) -> None:
     print(f"wrote {write_report(out, chr(10).join(lines) + chr(10))}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "privacy_results.md"))
     parser.add_argument("--reverse", action="store_true", help="take the runs in reverse order (a 2nd copy)")
     parser.add_argument("--report", action="store_true", help="only write the page from finished runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = Path(args.runs)
     if not args.report:
         jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]

@@ -6,7 +6,7 @@ Everything comes from the committed records (``benchmarks/results/records/*.json
 script's ``decisive()``, so on a fresh clone::
 
     python benchmarks/reproductions.py                 # the summary page
-    python benchmarks/reproductions.py --all           # and every page that quotes a verdict
+    python benchmarks/reproductions.py --all           # and every generated tables, claims and results page
 """
 
 from __future__ import annotations
@@ -14,25 +14,36 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import bherd_table
 import fedcog_table
 import feddle_table
 import fedimpro_table
 import fedwalk_table
-from table_runs import CLAIMS_RULE, Decisive, claims_table, judge, write_report
+import privacy_table
+from table_runs import CLAIMS_RULE, Decisive, claims_table, judge, records_of, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "reproductions" / "README.md"
 PAPERS = (fedwalk_table, bherd_table, feddle_table, fedcog_table, fedimpro_table)  # the mission's order
-CLAIM_PAGES = {  # the arguments that regenerate each paper's tables and claims pages from its records
+PAGE_ARGS = {  # the arguments with which each paper's script rewrites its CPU-scale pages from its records
     "fedwalk_table": ["--report-only"], "bherd_table": ["--report"], "feddle_table": ["--report"],
     "fedcog_table": ["--report"], "fedimpro_table": ["--report"]}
-PAPER_SCALE = ["--scale", "paper", "--datasets", "fashion_mnist", "cifar10", "--seeds", *"01234"]
-OTHER_PAGES = [  # the other pages that quote verdicts: FedCOG at the paper's scale, and the privacy table
-    ("fedcog_table.py", [*PAPER_SCALE, "--report"]), ("privacy_table.py", ["--report"])]
+SCALED = (feddle_table, fedcog_table, fedimpro_table)  # the scripts with a paper scale
+
+
+def page_commands() -> list[tuple[ModuleType, list[str]]]:
+    """Each table script and the arguments that rewrite its generated pages (tables, claims, results) from
+    the records: every paper's at CPU scale, each paper-scale table that has records, and the privacy page."""
+    commands = [(module, PAGE_ARGS[module.__name__]) for module in PAPERS]
+    commands += [(module, ["--scale", name, "--report"]) for module in SCALED
+                 for name, scale in module.SCALES.items()
+                 if name != "cpu" and records_of(REPO / "runs" / scale.runs).is_file()]
+    return commands + [(privacy_table, ["--report"])]
 
 
 def verdicts(decisive: Decisive) -> Counter:
@@ -72,14 +83,18 @@ def summary_lines(papers: list[Decisive]) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="also regenerate every page that quotes a verdict")
+    parser.add_argument("--all", action="store_true",
+                        help="also rewrite every generated tables, claims and results page")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.all:
-        for module in PAPERS:
-            subprocess.run([sys.executable, module.__file__, *CLAIM_PAGES[module.__name__]], check=True)
-        for script, script_args in OTHER_PAGES:
-            subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *script_args], check=True)
+        started = time.time()
+        for module, script_args in page_commands():
+            subprocess.run([sys.executable, module.__file__, *script_args], check=True)
+        held_back = [p for p in OUT.parent.glob("*.new.md") if p.stat().st_mtime >= started]
+        if held_back:  # write_report kept a page that the records would empty in part: say so, loudly
+            sys.exit("not rewritten, as the records lack some of their cells: "
+                     f"{', '.join(map(str, held_back))} (merge each by hand, or rerun the missing runs)")
     print(f"wrote {write_report(args.out, chr(10).join(summary_lines([m.decisive() for m in PAPERS])))}")
 
 

@@ -472,8 +472,8 @@ CLAIMS_RULE = (
     "Student-t interval, from the sample standard deviation (ddof 1) of the differences "
     "(`fedjax_lab/experiments/statistics.py`). **held**: the interval excludes 0 on the paper's side; **not "
     "held**: it does not, and lies wholly below the paper's gain; **unresolved**: it holds both 0 and the "
-    f"paper's gain, or fewer than {MIN_SEEDS} seeds pair (\"unresolved (n seeds)\"), when the interval "
-    "is shown without a verdict. The paper's gain is the difference of its two means.")
+    f"paper's gain, or fewer than {MIN_SEEDS} seeds pair (\"unresolved (n seeds)\"; with two, the "
+    "interval is shown without a verdict). The paper's gain is the difference of its two means.")
 
 
 @dataclass

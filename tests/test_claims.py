@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import reproductions
 import table_runs
 from table_runs import Claim, claims_table, judge
 
@@ -147,7 +148,7 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
 
 
-def test_bherds_figure_draws_only_methods_that_ran_and_is_not_written_for_none(tmp_path):
+def test_bherds_figure_is_written_only_when_one_of_its_methods_ran(tmp_path):
     import bherd_table
 
     fake_curve(tmp_path / "cnn10/case3/fedavg/seed0",
@@ -159,6 +160,22 @@ def test_bherds_figure_draws_only_methods_that_ran_and_is_not_written_for_none(t
     assert not bherd_table.plot_cases(tmp_path, "cnn10", (3,), [0], ["scaffold", "fednova"], empty)
     assert not empty.exists()
 
+
+def test_feddles_note_names_only_what_ran_before_the_records_and_has_not_rerun(tmp_path):
+    import feddle_table
+
+    rows = [{"round": 0, "test_accuracy": 0.1}, {"round": 10, "test_accuracy": 0.5}]
+    cpu, paper = feddle_table.SCALES["cpu"], feddle_table.SCALES["paper"]
+    assert "Dir(0.1)/N(20) column; " in feddle_table.pre_records_note(tmp_path, "fashion_mnist", cpu)[0]
+    fake_curve(tmp_path / "fashion_mnist/dir0.1/N20/center/seed0", rows)  # Center alone reruns nothing
+    assert "Dir(0.1)/N(20) column; " in feddle_table.pre_records_note(tmp_path, "fashion_mnist", cpu)[0]
+    fake_curve(tmp_path / "fashion_mnist/dir0.1/N20/fedavg/seed0", rows)
+    fake_curve(tmp_path / "fashion_mnist/ablation/id/step0", rows)
+    note = feddle_table.pre_records_note(tmp_path, "fashion_mnist", cpu)[0]
+    assert "Dir(0.1)/N(20)" not in note and "ablation" not in note
+    assert "Table 5's Dir(0.1)/N(5) column; " in note and "`--part lambda`." in note
+    assert feddle_table.pre_records_note(tmp_path, "fashion_mnist", paper) == []
+    assert feddle_table.pre_records_note(tmp_path, "cifar10", cpu) == []
 
 def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pair_there(tmp_path):
     import fedcog_table
@@ -307,48 +324,32 @@ def test_the_privacy_page_is_regenerated_from_its_committed_records_as_committed
     assert "| adaptive | 0.5 |" in out.read_text() and (tmp_path / "privacy_curves.png").is_file()
 
 
-@pytest.mark.parametrize("module, scale", [("fedcog_table", "cpu"), ("fedcog_table", "paper"),
-                                           ("feddle_table", "cpu"), ("fedimpro_table", "cpu"),
-                                           ("bherd_table", None)])
-def test_the_claims_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, module, scale):
-    """``reproductions.py --all`` rewrites each claims page from the committed records alone, as here; a page
-    left behind its records (a run kept, the page not rewritten) fails."""
-    import importlib
+def redirected(module, args: list[str], folder: Path) -> list[str]:
+    """``args`` with the script's runs and pages moved under ``folder``; the runs folder keeps its name, so
+    the committed records it reads are the ones ``--all`` reads."""
+    name = module.__name__
+    if name in ("fedcog_table", "feddle_table", "fedimpro_table"):
+        scale = module.SCALES[args[args.index("--scale") + 1] if "--scale" in args else "cpu"]
+        extra = ["--runs", folder / scale.runs, "--out", folder / scale.tables, "--claims-out",
+                 folder / scale.claims]
+        if name == "fedcog_table" and scale.name == "cpu":
+            extra += ["--weighting-runs", folder / "fedcog_weighting"]
+    elif name == "privacy_table":
+        extra = ["--runs", folder / "privacy", "--out", folder / "privacy_results.md"]
+    else:  # bherd_table, fedwalk_table: a folder of pages
+        extra = ["--runs", folder / name.removesuffix("_table"), "--out", folder]
+    return [*args, *map(str, extra)]
 
-    script = importlib.import_module(module)
+
+@pytest.mark.parametrize("module, args", reproductions.page_commands(),
+                         ids=lambda x: x.__name__ if hasattr(x, "__name__") else " ".join(x))
+def test_every_generated_page_is_what_its_records_regenerate(tmp_path, module, args):
+    """``reproductions.py --all`` rewrites each page from the records file in the tree (no run directory): the
+    same command, writing under ``tmp_path``, gives the committed pages. A page left behind its records (a run
+    kept, the page not rewritten; a generator changed, its page not) fails here."""
+    module.main(redirected(module, args, tmp_path))
     pages = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
-    if scale is None:  # BHerd: one scale, its seeds named
-        out = tmp_path / "bherd_claims.md"
-        script.claims(table_runs.collect(tmp_path / "bherd", script.KEEP), [0, 1, 2], out)
-        assert out.read_text() == (pages / out.name).read_text()
-        return
-    setup = script.SCALES[scale]
-    records = table_runs.collect(tmp_path / setup.runs, script.KEEP)
-    columns = script.DATASET_COLUMN if module == "fedcog_table" else script.PAPER
-    where = (table_runs.datasets_on_disk(records, columns), table_runs.seeds_on_disk(records, [0, 1, 2]))
-    out = tmp_path / setup.claims
-    if module == "fedcog_table":
-        weighting = (table_runs.collect(tmp_path / "fedcog_weighting", script.KEEP) if scale == "cpu"
-                     else None)
-        script.claims(records, weighting, *where, out, setup)
-    else:
-        script.claims(records, *where, out, setup)
-    assert out.read_text() == (pages / setup.claims).read_text()
-
-
-@pytest.mark.parametrize("module, scale", [("fedcog_table", "cpu"), ("fedcog_table", "paper"),
-                                           ("feddle_table", "cpu"), ("fedimpro_table", "cpu")])
-def test_the_tables_pages_are_regenerated_from_their_committed_records_as_committed(tmp_path, module, scale):
-    """The tables pages beside the claims pages, likewise (Feddle's had kept population spreads after its
-    generator moved to the sample standard deviation)."""
-    import importlib
-
-    script = importlib.import_module(module)
-    setup = script.SCALES[scale]
-    records = table_runs.collect(tmp_path / setup.runs, script.KEEP)
-    columns = script.DATASET_COLUMN if module == "fedcog_table" else script.PAPER
-    out = tmp_path / setup.tables
-    script.report(records, table_runs.datasets_on_disk(records, columns),
-                  table_runs.seeds_on_disk(records, [0, 1, 2]), out, setup)
-    pages = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
-    assert out.read_text() == (pages / setup.tables).read_text()
+    written = sorted(tmp_path.glob("*.md"))
+    assert written and not any(p.name.endswith(".new.md") for p in written)
+    for page in written:
+        assert page.read_text() == (pages / page.name).read_text(), page.name
