@@ -353,3 +353,13 @@ def test_every_generated_page_is_what_its_records_regenerate(tmp_path, module, a
     assert written and not any(p.name.endswith(".new.md") for p in written)
     for page in written:
         assert page.read_text() == (pages / page.name).read_text(), page.name
+
+
+def test_the_summary_page_is_what_the_records_regenerate(tmp_path, monkeypatch):
+    """docs/reproductions/README.md, as ``reproductions.py`` writes it, from the records file in the tree
+    (each script's ``REPO`` moved to an empty folder, so that no run directory is read)."""
+    for module in reproductions.PAPERS:
+        monkeypatch.setattr(module, "REPO", tmp_path)
+    out = tmp_path / "README.md"
+    reproductions.main(["--out", str(out)])
+    assert out.read_text() == reproductions.OUT.read_text()
