@@ -312,18 +312,6 @@ def test_a_band_over_seeds_goes_on_without_a_run_that_stopped_early():
     assert np.isnan(spread).all()  # one seed: no band
 
 
-def test_the_privacy_page_is_regenerated_from_its_committed_records_as_committed(tmp_path):
-    """Every number on docs/reproductions/privacy_results.md comes from the committed records: the report,
-    written from them alone (no run directory), is the committed page."""
-    import privacy_table
-
-    out = tmp_path / "privacy_results.md"
-    privacy_table.report(table_runs.collect(tmp_path / "privacy", privacy_table.KEEP), [0, 1, 2, 3, 4], out)
-    committed = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / "privacy_results.md"
-    assert out.read_text() == committed.read_text()
-    assert "| adaptive | 0.5 |" in out.read_text() and (tmp_path / "privacy_curves.png").is_file()
-
-
 def redirected(module, args: list[str], folder: Path) -> list[str]:
     """``args`` with the script's runs and pages moved under ``folder``; the runs folder keeps its name, so
     the committed records it reads are the ones ``--all`` reads."""
