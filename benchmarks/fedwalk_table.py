@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from records import Keep
 from table_runs import CLAIMS_RULE, Claim, Decisive, claims_table, collect, metrics, plot_bands, run_once
+from table_runs import record as run_record
 from table_runs import summary as run_summary
 from table_runs import write_report as write_markdown
 
@@ -52,6 +53,7 @@ BASES = {"fedavg": ["algorithm.weighting=uniform"],
          "scaffold": ["algorithm.weighting=num_examples", "client.learning_rate=0.01"],
          "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
          "fednova": ["algorithm.weighting=num_examples"]}
+MODEL_NAMES = {"simple_cnn": "simple-CNN", "resnet18": "ResNet-18"}  # as the papers name them
 SETTINGS = {"dir0.1": "cifar10_dir0.1.yaml", "iid": "cifar10_iid.yaml"}
 SETTINGS100 = {"c100_dir0.01": "cifar100_dir0.01.yaml", "c100_iid": "cifar100_iid.yaml"}
 GRADES = {"LH": "cifar10_dir0.1.yaml", "MH": "cifar10_dir0.1_mh.yaml", "HH": "cifar10_dir0.1_hh.yaml"}
@@ -175,7 +177,8 @@ def finished(runs: Path, jobs) -> dict:
     out = {}
     for name, _, _ in jobs:
         if (summary := run_summary(runs / name)) is not None:
-            out[name] = {"summary": summary, "rows": metrics(runs / name)}
+            out[name] = {"summary": summary, "rows": metrics(runs / name),
+                         "config": run_record(runs / name).config}
     return out
 
 
@@ -396,21 +399,30 @@ def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
         results = finished(REPO / "runs" / "fedwalk", jobs)
     table = decisive_table(results, seeds)
     rounds = 50 if table == "cifar10" else PAPER_ROUNDS
-    model = ("the records' model pre-trained on the leash set (20 CIFAR-100 classes) in place of ImageNet"
-             if table == "cifar10_pretrained" else
+    leash = (f"pre-trained {PRETRAINED_STEPS} steps on the leash set (20 CIFAR-100 classes) in place of "
+             "ImageNet")
+    model = (f"{pretrained_model(results)} {leash}" if table == "cifar10_pretrained" else
              "a simple-CNN trained from scratch in place of the pre-trained ResNet-18")
     claims = table2_claims(results, seeds, table)
     if table != "cifar10_pretrained" and rounds == PAPER_ROUNDS:
         claims, pretrained = prefer_pretrained(claims, table2_claims(results, seeds, "cifar10_pretrained"))
         if pretrained:
-            model += (f"; {', '.join(pretrained)} from the records' model pre-trained {PRETRAINED_STEPS} "
-                      "steps on the leash set (20 CIFAR-100 classes) in place of ImageNet, as the claims say")
+            model += f"; {', '.join(pretrained)} from {pretrained_model(results)} {leash}, as the claims say"
     return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
                     "100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, "
                     f"{PAPER_ROUNDS} rounds",
                     f"the paper's federation and local work, {rounds} rounds "
                     f"({round(100 * rounds / PAPER_ROUNDS)} % of its client steps), {model}",
                     claims)
+
+
+def pretrained_model(results: dict) -> str:
+    """The model the pre-trained table's runs trained, with its article ("a simple-CNN"): each run's
+    ``model.name`` where its record's config sets one, else the one the table's config files name."""
+    default = load_config(CONFIGS / SETTINGS["dir0.1"]).model.name
+    names = sorted({r.get("config", {}).get("model.name", default)
+                    for name, r in results.items() if name.startswith("table_pt/")} or {default})
+    return "a " + " or ".join(MODEL_NAMES.get(n, n) for n in names)
 
 
 def prefer_pretrained(scratch: list[Claim], pretrained: list[Claim]) -> tuple[list[Claim], list[str]]:

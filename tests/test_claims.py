@@ -277,7 +277,9 @@ def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
     assert judge(pre)[:2] == ("+4.0 [+4.0, +4.0]", [0, 1])
     scratch = by_text["scaffold + FedWalk beats scaffold, IID, from scratch"]
     assert judge(scratch)[:2] == ("+1.0 [+1.0, +1.0]", [0, 1, 2])
-    assert "fedavg from the records' model pre-trained 2000 steps" in found.ours
+    assert "fedavg from a simple-CNN pre-trained 2000 steps on the leash set" in found.ours
+    resnet = {k: v | {"config": {"model.name": "resnet18"}} for k, v in results.items()}
+    assert "fedavg from a ResNet-18 pre-trained" in fedwalk_table.decisive(resnet, (0, 1, 2)).ours
     # nothing pre-trained pairs two seeds: the claims stay as they were
     one_seed = runs("table300", [0, 1, 2], 0.01) | {k: v for k, v in runs("table_pt", [0], 0.04).items()}
     assert all(not c.text.endswith(("pre-trained", "from scratch"))
