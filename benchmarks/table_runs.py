@@ -216,7 +216,10 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
       ``(summary, seconds)`` of a run made now, or None when it was skipped.
     """
     run_dir = runs / name
-    if (run_dir / "summary.json").is_file() or name in record_files.read(records_of(runs)):
+    kept = record_files.read(records_of(runs)).get(name)
+    if (run_dir / "summary.json").is_file() or kept is not None:
+        if config is not None:
+            check_same_experiment(name, kept.config if kept is not None else _saved_config(run_dir), config)
         return None
     if config is not None and "layout" not in config.rounds.model_fields_set:
         # The hand rules' layout, not a timed choice: the arms of a paired claim then share their layout
@@ -251,6 +254,38 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
         write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         keep(run_dir, records_of(runs), name, spec, commit=origin.get("commit", commit))
     return summary, time.perf_counter() - start
+
+
+IDENTITY = ("dataset.name", "model.name", "algorithm.name", "seed", "rounds.num_rounds")
+"""The settings that say which experiment a table's cell holds. Its layout, thread pool or code may change
+between the copies that run a table; these may not."""
+
+
+def check_same_experiment(name: str, ran: dict[str, Any], config: Config) -> None:
+    """Checks that the finished run of cell ``name`` (``ran``: its config, nested as in ``config.yaml``) is
+    the experiment ``config`` asks for in each of :data:`IDENTITY`'s settings that both name.
+
+    A script given ``--set model.name=resnet18`` over a table whose records hold a simple-CNN would otherwise
+    skip every cell as done, and a merge of its records would drop them for the names they share.
+
+    Raises:
+      ValueError: naming the cell, each differing setting with both values, and the way out (another
+        ``--runs`` folder, whose records are a file of their own).
+    """
+    ran, asked = record_files.flatten(ran), record_files.flatten(config.model_dump(mode="json"))
+    differ = [f"{key}: {ran[key]!r} ran, {asked[key]!r} asked" for key in IDENTITY
+              if key in ran and key in asked and ran[key] != asked[key]]
+    if differ:
+        raise ValueError(f"cell {name} has finished as another experiment ({'; '.join(differ)}); give this "
+                         "table another runs folder (--runs runs/<table>_<what differs>), so that its "
+                         "records go to a file of their own")
+
+
+def _saved_config(run_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    path = run_dir / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
 STARTED = "table_run.json"

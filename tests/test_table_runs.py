@@ -205,6 +205,25 @@ def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):
     assert not (fresh / ".claims" / "a__fedavg__seed0").exists()
 
 
+def test_a_kept_cell_asked_for_as_another_experiment_is_named_not_skipped(tmp_path, records):
+    from fedjax_lab.experiments.config import validate
+
+    runs = tmp_path / "fedwalk"
+    fake_run(runs / "a/fedavg/seed0", 0.8)
+    (runs / "a/fedavg/seed0" / "config.yaml").write_text("seed: 0\nmodel: {name: mlp}\n")
+    table_runs.collect(runs)
+    fresh = tmp_path / "fresh" / "fedwalk"
+    same = validate({**TINY, "seed": 0})  # an MLP, as the kept run
+    assert table_runs.run_once(fresh, "a/fedavg/seed0", same.model_copy(
+        update={"rounds": same.rounds.model_copy(update={"chunk_size": 2})})) is None  # a layout: the same
+    for where in (fresh, runs):  # from the records, and from the run directory
+        with pytest.raises(ValueError, match=r"a/fedavg/seed0 .*model.name: 'mlp' ran, 'resnet18' asked"):
+            table_runs.run_once(where, "a/fedavg/seed0", same.model_copy(
+                update={"model": same.model.model_copy(update={"name": "resnet18"})}))
+    with pytest.raises(ValueError, match="seed: 0 ran, 1 asked"):
+        table_runs.run_once(fresh, "a/fedavg/seed0", same.model_copy(update={"seed": 1}))
+
+
 def test_a_claimed_cell_is_skipped_and_its_claim_left_to_its_owner(tmp_path, records):
     runs = tmp_path / "fedimpro"
     (runs / ".claims").mkdir(parents=True)
