@@ -15,14 +15,18 @@ Usage::
     python benchmarks/fedwalk_table.py --reverse &      # a second process shares the jobs (more throughput)
     python benchmarks/fedwalk_table.py --parts table100 # the CIFAR-100 columns
     python benchmarks/fedwalk_table.py --parts table300 # Table 2 at 300 rounds with the paper's lr schedule
-    python benchmarks/fedwalk_table.py --parts table_pretrained --set model.name=resnet18 model.norm=group
+    python benchmarks/fedwalk_table.py --parts table_pretrained --set model.name=resnet18 model.norm=group \
+        --runs runs/fedwalk_resnet18 --out docs/reproductions/fedwalk_resnet18   # a GPU's job
 
 ``--parts table_pretrained`` is Table 2 as the paper runs it: 300 rounds with its schedule, from a pre-trained
 backbone. Ours is pre-trained on the leash set (the 20 CIFAR-100 classes of the LH leash, 10,000 images,
 ``PRETRAINED_STEPS`` steps of 64) in place of ImageNet, which this project cannot load: both arms of a pair
 pre-train the same steps from the same initialisation (the base with ``fedwalk.mode: pretrain``, which then
 trains without the leash). ``--set`` adds overrides to every run (on a GPU: the paper's ResNet-18 with
-GroupNorm); the records keep them.
+GroupNorm); the records keep them. A table of another model goes to runs of its own (``--runs``, so records
+of their own) and pages of its own (``--out``): a cell kept under the same name as another model's stops the
+script (``table_runs.check_same_experiment``). The summary page takes Table 2 from ``RESNET_RUNS`` once its
+pre-trained table is complete.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ BASES = {"fedavg": ["algorithm.weighting=uniform"],
          "scaffold": ["algorithm.weighting=num_examples", "client.learning_rate=0.01"],
          "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
          "fednova": ["algorithm.weighting=num_examples"]}
+RESNET_RUNS = "fedwalk_resnet18"  # the GPU's table with the paper's model: its runs, records and pages
 MODEL_NAMES = {"simple_cnn": "simple-CNN", "resnet18": "ResNet-18"}  # as the papers name them
 SETTINGS = {"dir0.1": "cifar10_dir0.1.yaml", "iid": "cifar10_iid.yaml"}
 SETTINGS100 = {"c100_dir0.01": "cifar100_dir0.01.yaml", "c100_iid": "cifar100_iid.yaml"}
@@ -254,8 +259,9 @@ def write_report(results: dict, args) -> None:
                        + ".")]
     if not any(k.startswith("table_pt/") for k in results):
         lines += ["", ("Not run yet: Table 2 from a pre-trained backbone (`python "
-                       "benchmarks/fedwalk_table.py --parts table_pretrained --set model.name=resnet18 "
-                       "model.norm=group`, a GPU's job).")]
+                       "benchmarks/fedwalk_table.py --parts table_pretrained`; with the paper's ResNet-18, "
+                       f"`--set model.name=resnet18 model.norm=group --runs runs/{RESNET_RUNS} --out "
+                       f"docs/reproductions/{RESNET_RUNS}`, a GPU's job).")]
     swept = any(k.startswith(("sweep", "steps/", "pretrain/", f"pretrain{STRONG_STEPS}/")) for k in results)
     if swept:
         lines += sweep_lines(results, cell)
@@ -390,13 +396,18 @@ def decisive_table(results: dict, seeds) -> str:
     return "cifar10_300" if has_table300(results, seeds) else "cifar10"
 
 
-def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
+def decisive(results: dict | None = None, seeds=(0, 1, 2), resnet: dict | None = None) -> Decisive:
     """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds once that
-    table is complete (:func:`has_table300`), else at 50. ``results`` as ``finished`` gives them (default:
-    from the committed records)."""
+    table is complete (:func:`has_table300`), else at 50; from the ResNet-18 of ``RESNET_RUNS`` once its
+    pre-trained table is complete (the paper's model). ``results`` and ``resnet`` as ``finished`` gives them
+    (default: from the committed records)."""
     if results is None:
         jobs = [*table_jobs(seeds), *table300_jobs(seeds, BASES), *table_pretrained_jobs(seeds, BASES)]
         results = finished(REPO / "runs" / "fedwalk", jobs)
+        resnet = finished(REPO / "runs" / RESNET_RUNS, table_pretrained_jobs(seeds, BASES))
+    page = "fedwalk_claims.md"
+    if resnet and decisive_table(resnet, seeds) == "cifar10_pretrained":
+        results, page = resnet, f"{RESNET_RUNS}/fedwalk_claims.md"
     table = decisive_table(results, seeds)
     rounds = 50 if table == "cifar10" else PAPER_ROUNDS
     leash = (f"pre-trained {PRETRAINED_STEPS} steps on the leash set (20 CIFAR-100 classes) in place of "
@@ -408,7 +419,7 @@ def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
         claims, pretrained = prefer_pretrained(claims, table2_claims(results, seeds, "cifar10_pretrained"))
         if pretrained:
             model += f"; {', '.join(pretrained)} from {pretrained_model(results)} {leash}, as the claims say"
-    return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", "fedwalk_claims.md",
+    return Decisive("FedWalk (The Dog Walking Theory), Table 2, CIFAR-10", page,
                     "100 clients, 20 a round, 5 local steps of 32, ResNet-18 pre-trained on ImageNet, "
                     f"{PAPER_ROUNDS} rounds",
                     f"the paper's federation and local work, {rounds} rounds "
@@ -418,9 +429,10 @@ def decisive(results: dict | None = None, seeds=(0, 1, 2)) -> Decisive:
 
 def pretrained_model(results: dict) -> str:
     """The model the pre-trained table's runs trained, with its article ("a simple-CNN"): each run's
-    ``model.name`` where its record's config sets one, else the one the table's config files name."""
+    ``model.name`` (its record's config, nested as in ``config.yaml``), else the one the table's config files
+    name."""
     default = load_config(CONFIGS / SETTINGS["dir0.1"]).model.name
-    names = sorted({r.get("config", {}).get("model.name", default)
+    names = sorted({r.get("config", {}).get("model", {}).get("name", default)
                     for name, r in results.items() if name.startswith("table_pt/")} or {default})
     return "a " + " or ".join(MODEL_NAMES.get(n, n) for n in names)
 

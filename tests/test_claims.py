@@ -278,8 +278,17 @@ def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
     scratch = by_text["scaffold + FedWalk beats scaffold, IID, from scratch"]
     assert judge(scratch)[:2] == ("+1.0 [+1.0, +1.0]", [0, 1, 2])
     assert "fedavg from a simple-CNN pre-trained 2000 steps on the leash set" in found.ours
-    resnet = {k: v | {"config": {"model.name": "resnet18"}} for k, v in results.items()}
+    resnet = {k: v | {"config": {"model": {"name": "resnet18"}}} for k, v in results.items()}
     assert "fedavg from a ResNet-18 pre-trained" in fedwalk_table.decisive(resnet, (0, 1, 2)).ours
+    # the GPU's ResNet-18 table, once complete, is the one judged
+    gpu = {k: v | {"config": {"model": {"name": "resnet18"}}}
+           for k, v in runs("table_pt", [0, 1, 2], 0.02).items()}
+    partial = {k: v for k, v in gpu.items() if not k.endswith("seed2")}
+    assert fedwalk_table.decisive(results, (0, 1, 2), partial).page == "fedwalk_claims.md"
+    found = fedwalk_table.decisive(results, (0, 1, 2), gpu)
+    assert found.page == "fedwalk_resnet18/fedwalk_claims.md"
+    assert "a ResNet-18 pre-trained 2000 steps" in found.ours
+    assert judge(found.claims[0])[:2] == ("+2.0 [+2.0, +2.0]", [0, 1, 2])
     # nothing pre-trained pairs two seeds: the claims stay as they were
     one_seed = runs("table300", [0, 1, 2], 0.01) | {k: v for k, v in runs("table_pt", [0], 0.04).items()}
     assert all(not c.text.endswith(("pre-trained", "from scratch"))
