@@ -11,6 +11,7 @@ import pytest
 from conftest import assert_trees_close, make_inputs
 
 from fedjax_lab.engine import (
+    ClientData,
     Cohort,
     CohortPlan,
     LocalSchedule,
@@ -211,6 +212,36 @@ def test_busy_clients_are_never_dispatched_and_every_job_arrives_once_at_its_dra
     assert sorted(seen) == sorted(e for e in expected if e[0] < 14)
     assert in_flight == {e for e in expected if e[0] >= 14}
     assert max(s for _, _, s in seen) > 0
+
+
+
+def test_fixed_delay_round_applies_each_update_trained_from_the_model_it_was_sent(tiny_data, tiny_classifier):
+    # An independent hand-staled FedAvg: with every delay d, the step of round r is the size-weighted mean of
+    # the updates of the clients dispatched at r - d, each trained from w^{r-d} (not from w^r), so
+    # w^{r+1} = w^r + sum_j n_j Delta_j(w^{r-d}) / sum_j n_j, and w^{r+1} = w^r for r < d.
+    algorithm, d, rounds = _fedavg(tiny_classifier), 2, 7
+    plan = CohortPlan(tiny_data.num_clients, 3, delay=DelayModel("fixed", rounds=d))
+    states, _, inputs = _step_rounds(algorithm, plan, tiny_data, tiny_classifier, rounds)
+    train_one = jax.jit(lambda server_state, c, key: algorithm.client_update(
+        server_state, {}, ClientData(c, inputs.client_example_ids[c], inputs.client_num_examples[c],
+                                     randomness.data_key(inputs.key, c)), inputs.train_arrays, key)[0])
+    for r in range(rounds):
+        expected = _params(states[r])
+        if r >= d:
+            sent = states[r - d + 1].asynchrony.in_flight  # the store just after round r - d dispatched
+            ids = [int(c) for c, o, k in zip(sent.client_id, sent.occupied, sent.dispatch_round)
+                   if o and k == r - d]
+            assert len(ids) == 3
+            sizes = np.array([int(inputs.client_num_examples[c]) for c in ids], np.float32)
+            deltas = [train_one(states[r - d].server_state, jnp.int32(c),
+                                randomness.client_key(inputs.key, jnp.int32(r - d), jnp.int32(c)))["delta"]
+                      for c in ids]
+            weights = sizes / sizes.sum()
+            step = jax.tree.map(lambda *x, w=weights: sum(n * v for n, v in zip(w, x)), *deltas)
+            expected = jax.tree.map(jnp.add, expected, step)
+        assert_trees_close(_params(states[r + 1]), expected, rtol=1e-5, atol=1e-6)
+    assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), _params(states[d]),
+                                                _params(states[rounds]))))
 
 
 def test_no_arrival_means_no_server_step(tiny_data, tiny_classifier):
