@@ -22,7 +22,9 @@ over seeds and its 95 % interval (held, not held or unresolved).
 ``--scale paper`` runs the paper's client work instead: 2 local epochs of 32 and 200 rounds (a GPU's job),
 into ``runs/feddle_paper`` with its records in ``feddle_paper.jsonl.gz`` and its pages
 ``feddle_paper_tables.md`` and ``feddle_paper_claims.md``; the summary page judges a claim there once two
-seeds pair.
+seeds pair. There FedBuff, CA2FL and Feddle's FedBuff fallback take the server rates tuned on the paper's grid
+(``TUNING``, ``--part tune``: each value's runs in a folder of their own), as the paper tuned each method once
+on CIFAR-10.
 
 Usage::
 
@@ -34,11 +36,13 @@ Usage::
     python benchmarks/feddle_table.py --report                    # the report from finished runs only
     python benchmarks/feddle_table.py --claims                    # only the claims page
     python benchmarks/feddle_table.py --scale paper --datasets cifar10 --alphas 0.1 0.3 --sigmas 20
+    python benchmarks/feddle_table.py --scale paper --part tune   # the server-rate grid (seed 0)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +52,7 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    Records,
     at_either_scale,
     backends,
     claims_table,
@@ -59,6 +64,7 @@ from table_runs import (
     mean_std,
     metrics,
     plot_bands,
+    records_of,
     run_once,
     seed_curves,
     seeds_on_disk,
@@ -95,6 +101,7 @@ class Scale:
     overrides: tuple[str, ...]
     work: str  # the clients' work and rounds, for the tables page
     ours: str  # the summary page's "ours"
+    tuned: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # method -> settings (TUNING)
 
     @property
     def tables(self) -> str:
@@ -112,9 +119,22 @@ SCALES = {
                  "steps (2 epochs of B = 32 average 7.3 steps over its Dirichlet(0.1) clients)"),
     "paper": Scale("paper", "feddle_paper", ("client.local_steps=null", "client.local_epochs=2",
                                              "rounds.num_rounds=200"),
-                   "Adam clients (2 local epochs of 32, lr 1e-3), 200 rounds (the paper's scale)",
-                   "the paper's federation, delays, model and client work (100 % of its client steps)"),
+                   "Adam clients (2 local epochs of 32, lr 1e-3), 200 rounds (the paper's scale); FedBuff, "
+                   "CA2FL and Feddle's FedBuff fallback at the server rates tuned below",
+                   "the paper's federation, delays, model and client work (100 % of its client steps)",
+                   tuned={"fedbuff": ["algorithm.server_learning_rate=0.1"],
+                          "ca2fl": ["algorithm.server_learning_rate=0.1"],
+                          "feddle_id": ["algorithm.fallback_learning_rate=0.1"],
+                          "feddle_ood": ["algorithm.fallback_learning_rate=0.1"]}),
 }
+# The server rates tuned at the paper's scale, as the paper tuned each method once on CIFAR-10 (App. D; the
+# grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10): (method, setting, values, runs folder of a
+# value), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's fallback is
+# FedBuff (its eta_g unreported): the grid's two upper rates. Each value's runs have a folder (and records)
+# of their own; the chosen one's cell is also the table's.
+TUNING = [("fedbuff", "algorithm.server_learning_rate", [0.01, 0.1, 1.0], "feddle_paper_eta{}"),
+          ("ca2fl", "algorithm.server_learning_rate", [0.1, 1.0], "feddle_paper_eta{}"),
+          ("feddle_id", "algorithm.fallback_learning_rate", [0.1, 1.0], "feddle_paper_fb{}")]
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
     "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null",
@@ -220,7 +240,8 @@ def run(runs: Path, name: str, config: Path, overrides: list[str], scale: Scale 
         print(f"{name:<60} test acc {done[0]['final']['test_accuracy']:.4f} ({done[1]:.0f} s)", flush=True)
 
 
-def table_jobs(datasets, alphas, sigmas, seeds, methods):
+def table_jobs(datasets, alphas, sigmas, seeds, methods, tuned: dict[str, list[str]] | None = None):
+    """Table 5's runs: ``(name, config, overrides)``; ``tuned``: a scale's settings per method."""
     for seed in seeds:
         for dataset in datasets:
             for alpha in alphas:
@@ -232,7 +253,16 @@ def table_jobs(datasets, alphas, sigmas, seeds, methods):
                         yield (f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}",
                                config_for(dataset, data),
                                [f"dataset.partition.alpha={alpha}", f"asynchrony.sigma={sigma}",
-                                f"seed={seed}", *overrides])
+                                f"seed={seed}", *overrides, *(tuned or {}).get(method, [])])
+
+
+def tuning_jobs(dataset: str = "cifar10"):
+    """The server-rate grid (:data:`TUNING`) on Dir(0.1)/N(20), seed 0: ``(runs folder, name, config,
+    overrides)``."""
+    for method, setting, values, folder in TUNING:
+        (name, config, overrides), = table_jobs([dataset], [0.1], [20], [0], [method])
+        for value in values:
+            yield folder.format(value), name, config, [*overrides, f"{setting}={value}"]
 
 
 def study_jobs(dataset: str, parts):
@@ -356,6 +386,8 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
              + ", ".join(map(str, seeds)) + " (ours: the sample standard "
              "deviation, ddof 1); '-' is not run. Each claim judged over the seeds: "
              f"[{scale.claims}]({scale.claims}).", ""]
+    if scale.tuned:
+        lines += tuning_report()
     for dataset in datasets:
         if not has_runs(runs / dataset, "dir*"):
             lines += study_report(runs, dataset, out, plt, scale)
@@ -401,6 +433,29 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
         lines += study_report(runs, dataset, out, plt, scale)
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")
+
+
+def tuning_report() -> list[str]:
+    """The server-rate grid (:data:`TUNING`): each value's score and final accuracy, the tuned one marked."""
+    lines = ["## Server rates, tuned on CIFAR-10 Dir(0.1)/N(20), seed 0", "",
+             ("The paper tuned each method once on CIFAR-10 and reports neither the values nor the client "
+              "recipe (App. D); ours: FedBuff's and CA2FL's eta_g on its grid {0.01, 0.1, 1} (buffer 10), "
+              "and Feddle's FedBuff fallback on the grid's upper two, at the table's client recipe, the best "
+              "of the last five evaluations deciding. FedAvg takes the full step (eta_g 1), as the paper "
+              "writes it (Eq. 2). Each value's runs: `runs/<folder>` with `--runs runs/<folder> --set "
+              "<setting>=<value>`, or all of them by `--scale paper --part tune`."), "",
+             "| method | setting | value | best of last five | final | records | tuned |",
+             "|---|---|---|---|---|---|---|"]
+    for method, setting, values, pattern in TUNING:
+        chosen = SCALES["paper"].tuned.get(method, [])
+        for value in values:
+            (name, _, _), = table_jobs(["cifar10"], [0.1], [20], [0], [method])
+            folder = pattern.format(value)
+            got = paper_metric(Records(records_of(Path(folder))) / name)
+            score = (f"{got[0]:.1f} | {got[1]:.1f}" if got else "- | -")
+            lines.append(f"| {METHODS[method][0].strip('*')} | `{setting}` | {value:g} | {score} | "
+                         f"`{folder}` | {'yes' if f'{setting}={value}' in chosen else ''} |")
+    return [*lines, ""]
 
 
 def study_report(runs: Path, dataset: str, out: Path, plt, scale: Scale = SCALES["cpu"]) -> list[str]:
@@ -587,7 +642,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--part", nargs="+", default=["table"],
-                        choices=["table", "ablation", "trends", "lambda", "atlas", "feddf_lr"])
+                        choices=["table", "ablation", "trends", "lambda", "atlas", "feddf_lr", "tune"],
+                        help="tune: the server-rate grid of the paper's scale (TUNING), CIFAR-10")
     parser.add_argument("--scale", default="cpu", choices=list(SCALES),
                         help="cpu: 5 local steps, 100 rounds; paper: 2 local epochs, 200 rounds")
     parser.add_argument("--runs", help="default: runs/feddle (cpu) or runs/feddle_paper (paper)")
@@ -605,14 +661,22 @@ def main(argv: list[str] | None = None) -> None:
     pages = REPO / "docs" / "reproductions"
     if not (args.report or args.claims):
         jobs = []
+        if "tune" in args.part:
+            if scale.name != "paper":
+                parser.error("--part tune: the server-rate grid is the paper's scale's (--scale paper)")
+            jobs += [(runs.parent / folder, *job) for folder, *job in tuning_jobs()]
         if "table" in args.part:
-            jobs += list(table_jobs(args.datasets, args.alphas, args.sigmas, args.seeds, args.methods))
+            jobs += [(runs, *job) for job in table_jobs(args.datasets, args.alphas, args.sigmas, args.seeds,
+                                                        args.methods, scale.tuned)]
         for dataset in args.datasets:
-            jobs += list(study_jobs(dataset, args.part))
-            jobs += list(feddf_jobs(dataset)) if "feddf_lr" in args.part else []
-        for name, config, overrides in reversed(jobs) if args.reverse else jobs:
-            run(runs, name, config, overrides + args.set, scale=scale)
+            jobs += [(runs, *job) for job in study_jobs(dataset, args.part)]
+            jobs += [(runs, *job) for job in feddf_jobs(dataset)] if "feddf_lr" in args.part else []
+        for where, name, config, overrides in reversed(jobs) if args.reverse else jobs:
+            run(where, name, config, overrides + args.set, scale=scale)
     # One report for everything that has run, not only what this invocation asked for.
+    grid = {pattern.format(v) for _, _, values, pattern in TUNING for v in values} if scale.tuned else set()
+    for folder in sorted(grid):
+        collect(runs.parent / folder, KEEP)  # the grid's runs made here (or by hand) join their records
     records = collect(runs, KEEP)
     datasets, seeds = datasets_on_disk(records, PAPER), seeds_on_disk(records, args.seeds)
     if not args.claims:

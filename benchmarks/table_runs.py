@@ -256,25 +256,36 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
     return summary, time.perf_counter() - start
 
 
-IDENTITY = ("dataset.name", "model.name", "algorithm.name", "seed", "rounds.num_rounds")
-"""The settings that say which experiment a table's cell holds. Its layout, thread pool or code may change
-between the copies that run a table; these may not."""
+EXPERIMENT = ("seed", "dataset.", "model.", "algorithm.", "client.", "rounds.num_rounds",
+              "rounds.clients_per_round", "rounds.sampling_rate", "asynchrony.", "privacy.")
+"""The settings that say which experiment a table's cell holds: a setting equal to one of these or under one
+ending in a dot. Its layout, thread pool or code may change between the copies that run a table
+(:data:`HOW_IT_RUNS`); these may not."""
+
+HOW_IT_RUNS = ("model.lowering", "model.remat", "dataset.source", "dataset.data_dir", "dataset.tfds_name")
+"""Settings under :data:`EXPERIMENT` that say how a run computes or where it reads, not what it computes."""
+
+
+def _defines_experiment(key: str) -> bool:
+    return key not in HOW_IT_RUNS and any(key == p or (p.endswith(".") and key.startswith(p))
+                                          for p in EXPERIMENT)
 
 
 def check_same_experiment(name: str, ran: dict[str, Any], config: Config) -> None:
     """Checks that the finished run of cell ``name`` (``ran``: its config, nested as in ``config.yaml``) is
-    the experiment ``config`` asks for in each of :data:`IDENTITY`'s settings that both name.
+    the experiment ``config`` asks for in each setting of :data:`EXPERIMENT` that both name.
 
-    A script given ``--set model.name=resnet18`` over a table whose records hold a simple-CNN would otherwise
-    skip every cell as done, and a merge of its records would drop them for the names they share.
+    A script given ``--set model.name=resnet18`` (or ``algorithm.server_learning_rate=0.1``) over a table
+    whose records hold another run would otherwise skip every cell as done, and a merge of its records would
+    drop them for the names they share.
 
     Raises:
       ValueError: naming the cell, each differing setting with both values, and the way out (another
         ``--runs`` folder, whose records are a file of their own).
     """
     ran, asked = record_files.flatten(ran), record_files.flatten(config.model_dump(mode="json"))
-    differ = [f"{key}: {ran[key]!r} ran, {asked[key]!r} asked" for key in IDENTITY
-              if key in ran and key in asked and ran[key] != asked[key]]
+    differ = [f"{key}: {ran[key]!r} ran, {asked[key]!r} asked" for key in sorted(ran.keys() & asked.keys())
+              if _defines_experiment(key) and ran[key] != asked[key]]
     if differ:
         raise ValueError(f"cell {name} has finished as another experiment ({'; '.join(differ)}); give this "
                          "table another runs folder (--runs runs/<table>_<what differs>), so that its "

@@ -206,22 +206,30 @@ def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):
 
 
 def test_a_kept_cell_asked_for_as_another_experiment_is_named_not_skipped(tmp_path, records):
+    import yaml
+
     from fedjax_lab.experiments.config import validate
 
     runs = tmp_path / "fedwalk"
     fake_run(runs / "a/fedavg/seed0", 0.8)
-    (runs / "a/fedavg/seed0" / "config.yaml").write_text("seed: 0\nmodel: {name: mlp}\n")
+    same = validate({**TINY, "seed": 0})  # the kept run's config
+    (runs / "a/fedavg/seed0" / "config.yaml").write_text(yaml.safe_dump(same.model_dump(mode="json")))
     table_runs.collect(runs)
     fresh = tmp_path / "fresh" / "fedwalk"
-    same = validate({**TINY, "seed": 0})  # an MLP, as the kept run
-    assert table_runs.run_once(fresh, "a/fedavg/seed0", same.model_copy(
-        update={"rounds": same.rounds.model_copy(update={"chunk_size": 2})})) is None  # a layout: the same
+    layout = same.model_copy(update={"rounds": same.rounds.model_copy(update={"chunk_size": 2}),
+                                     "model": same.model.model_copy(update={"lowering": "banded"})})
+    assert table_runs.run_once(fresh, "a/fedavg/seed0", layout) is None  # how it runs: the same experiment
     for where in (fresh, runs):  # from the records, and from the run directory
         with pytest.raises(ValueError, match=r"a/fedavg/seed0 .*model.name: 'mlp' ran, 'resnet18' asked"):
             table_runs.run_once(where, "a/fedavg/seed0", same.model_copy(
                 update={"model": same.model.model_copy(update={"name": "resnet18"})}))
     with pytest.raises(ValueError, match="seed: 0 ran, 1 asked"):
         table_runs.run_once(fresh, "a/fedavg/seed0", same.model_copy(update={"seed": 1}))
+    # A hyper-parameter is part of the experiment too (a tuned server rate over the default's records).
+    tuned = same.model_copy(update={"algorithm": same.algorithm.model_copy(
+        update={"server_learning_rate": 0.1})})
+    with pytest.raises(ValueError, match=r"algorithm.server_learning_rate: 1.0 ran, 0.1 asked"):
+        table_runs.run_once(fresh, "a/fedavg/seed0", tuned)
 
 
 def test_a_claimed_cell_is_skipped_and_its_claim_left_to_its_owner(tmp_path, records):
@@ -354,6 +362,36 @@ def test_feddles_paper_scale_runs_every_method_with_the_papers_client_work():
         # nothing else differs: the method, the federation and the delays are the CPU table's
         assert at_paper.model_copy(update={"client": at_cpu.client, "rounds": at_cpu.rounds}) == at_cpu, name
         assert (at_paper.dataset.partition.alpha, at_paper.seed) == (0.3, 1)
+
+
+def test_feddles_paper_scale_runs_the_tuned_server_rates_and_its_grid_each_value_in_its_own_folder():
+    import feddle_table
+
+    from fedjax_lab.experiments import load_config
+
+    paper = feddle_table.SCALES["paper"]
+    methods = ["fedavg", "fedbuff", "ca2fl", "feddle_id"]
+    configs = {name.split("/")[3]: load_config(config, [*paper.overrides, *overrides])
+               for name, config, overrides in feddle_table.table_jobs(["cifar10"], [0.1], [20], [0], methods,
+                                                                      paper.tuned)}
+    assert configs["fedavg"].algorithm.server_learning_rate == 1.0  # the paper's FedAvg: the full step
+    assert configs["fedbuff"].algorithm.server_learning_rate == 0.1
+    assert configs["ca2fl"].algorithm.server_learning_rate == 0.1
+    assert configs["feddle_id"].algorithm.fallback_learning_rate == 0.1
+    assert not feddle_table.SCALES["cpu"].tuned  # the CPU table keeps the defaults
+    grid = list(feddle_table.tuning_jobs())
+    assert len(grid) == 7
+    for folder, name, config, overrides in grid:
+        method = name.split("/")[3]
+        value = float(overrides[-1].split("=")[1])
+        assert folder.endswith(str(value)) and name == f"cifar10/dir0.1/N20/{method}/seed0"
+        at = load_config(config, [*paper.overrides, *overrides])
+        assert value == (at.algorithm.fallback_learning_rate if method == "feddle_id"
+                         else at.algorithm.server_learning_rate)
+    # every tuned setting is one of the grid's values
+    tuned = {(m, s.split("=")[0], float(s.split("=")[1])) for m, ss in paper.tuned.items() for s in ss}
+    assert {(m, k, v) for m, k, values, _ in feddle_table.TUNING for v in values} >= {
+        t for t in tuned if t[0] != "feddle_ood"}
 
 
 def test_fedimpros_paper_scale_runs_resnet18_split_after_layer2_for_300_rounds():
