@@ -131,7 +131,7 @@ SCALES = {
 # grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10): (method, setting, values, runs folder of a
 # value), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's fallback is
 # FedBuff (its eta_g unreported): the grid's two upper rates. Each value's runs have a folder (and records)
-# of their own; the chosen one's cell is also the table's.
+# of their own; the table's seed-0 cells at the tuned values hold copies of the grid's records.
 TUNING = [("fedbuff", "algorithm.server_learning_rate", [0.01, 0.1, 1.0], "feddle_paper_eta{}"),
           ("ca2fl", "algorithm.server_learning_rate", [0.1, 1.0], "feddle_paper_eta{}"),
           ("feddle_id", "algorithm.fallback_learning_rate", [0.1, 1.0], "feddle_paper_fb{}")]
