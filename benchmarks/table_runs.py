@@ -267,13 +267,14 @@ HOW_IT_RUNS = ("model.lowering", "model.remat", "dataset.source", "dataset.data_
 
 
 def _defines_experiment(key: str) -> bool:
-    return key not in HOW_IT_RUNS and any(key == p or (p.endswith(".") and key.startswith(p))
+    return key not in HOW_IT_RUNS and any(key in (p, p.rstrip(".")) or (p.endswith(".") and key.startswith(p))
                                           for p in EXPERIMENT)
 
 
 def check_same_experiment(name: str, ran: dict[str, Any], config: Config) -> None:
     """Checks that the finished run of cell ``name`` (``ran``: its config, nested as in ``config.yaml``) is
-    the experiment ``config`` asks for in each setting of :data:`EXPERIMENT` that both name.
+    the experiment ``config`` asks for in each setting of :data:`EXPERIMENT` that both name, and in each
+    section of them that one has off (null) and the other sets (asynchrony, privacy, server data).
 
     A script given ``--set model.name=resnet18`` (or ``algorithm.server_learning_rate=0.1``) over a table
     whose records hold another run would otherwise skip every cell as done, and a merge of its records would
@@ -286,6 +287,10 @@ def check_same_experiment(name: str, ran: dict[str, Any], config: Config) -> Non
     ran, asked = record_files.flatten(ran), record_files.flatten(config.model_dump(mode="json"))
     differ = [f"{key}: {ran[key]!r} ran, {asked[key]!r} asked" for key in sorted(ran.keys() & asked.keys())
               if _defines_experiment(key) and ran[key] != asked[key]]
+    for one, other, verb in ((ran, asked, "ran"), (asked, ran, "asked")):  # a section off in one, on in other
+        differ += [f"{key}: null {verb}, set in the other" for key in sorted(one)
+                   if one[key] is None and _defines_experiment(key)
+                   and any(k.startswith(key + ".") for k in other)]
     if differ:
         raise ValueError(f"cell {name} has finished as another experiment ({'; '.join(differ)}); give this "
                          "table another runs folder (--runs runs/<table>_<what differs>), so that its "

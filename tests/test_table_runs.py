@@ -230,6 +230,10 @@ def test_a_kept_cell_asked_for_as_another_experiment_is_named_not_skipped(tmp_pa
         update={"server_learning_rate": 0.1})})
     with pytest.raises(ValueError, match=r"algorithm.server_learning_rate: 1.0 ran, 0.1 asked"):
         table_runs.run_once(fresh, "a/fedavg/seed0", tuned)
+    # So is a section the kept run had off (null) and the asked one sets (asynchronous clients here).
+    delayed = validate({**TINY, "seed": 0, "asynchrony": {"delay": "fixed", "rounds": 1}})
+    with pytest.raises(ValueError, match=r"asynchrony: null ran, set in the other"):
+        table_runs.run_once(fresh, "a/fedavg/seed0", delayed)
 
 
 def test_a_claimed_cell_is_skipped_and_its_claim_left_to_its_owner(tmp_path, records):
