@@ -214,7 +214,6 @@ def test_busy_clients_are_never_dispatched_and_every_job_arrives_once_at_its_dra
     assert max(s for _, _, s in seen) > 0
 
 
-
 def test_fixed_delay_round_applies_each_update_trained_from_the_model_it_was_sent(tiny_data, tiny_classifier):
     # An independent hand-staled FedAvg: with every delay d, the step of round r is the size-weighted mean of
     # the updates of the clients dispatched at r - d, each trained from w^{r-d} (not from w^r), so
