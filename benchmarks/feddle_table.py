@@ -24,7 +24,8 @@ into ``runs/feddle_paper`` with its records in ``feddle_paper.jsonl.gz`` and its
 ``feddle_paper_tables.md`` and ``feddle_paper_claims.md``; the summary page judges a claim there once two
 seeds pair. There FedBuff, CA2FL and Feddle's FedBuff fallback take the server rates tuned on the paper's grid
 (``TUNING``, ``--part tune``: each value's runs in a folder of their own), as the paper tuned each method once
-on CIFAR-10.
+on CIFAR-10. FedAsync's grid (alpha by a, App. D) is there too; its table cells keep its defaults, the grid's
+centre, until the grid has run.
 
 Usage::
 
@@ -127,14 +128,37 @@ SCALES = {
                           "feddle_id": ["algorithm.fallback_learning_rate=0.1"],
                           "feddle_ood": ["algorithm.fallback_learning_rate=0.1"]}),
 }
+@dataclass(frozen=True)
+class Grid:
+    """One method's tuning grid at the paper's scale: each point sets ``settings`` to its values."""
+
+    method: str
+    settings: tuple[str, ...]
+    points: tuple[tuple[float, ...], ...]
+    folder: str  # a point's runs folder, formatted with its values
+    table_point: tuple[float, ...] | None = None  # the point of the table's own (untuned) cell
+
+    def runs(self, point: tuple[float, ...]) -> str:
+        """The runs folder of ``point``: the table's own where the table's cell runs it."""
+        return SCALES["paper"].runs if point == self.table_point else self.folder.format(*point)
+
+    def overrides(self, point: tuple[float, ...]) -> list[str]:
+        return [f"{setting}={value}" for setting, value in zip(self.settings, point)]
+
+
 # The server rates tuned at the paper's scale, as the paper tuned each method once on CIFAR-10 (App. D; the
-# grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10): (method, setting, values, runs folder of a
-# value), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's fallback is
-# FedBuff (its eta_g unreported): the grid's two upper rates. Each value's runs have a folder (and records)
-# of their own; the table's seed-0 cells at the tuned values hold copies of the grid's records.
-TUNING = [("fedbuff", "algorithm.server_learning_rate", [0.01, 0.1, 1.0], "feddle_paper_eta{}"),
-          ("ca2fl", "algorithm.server_learning_rate", [0.1, 1.0], "feddle_paper_eta{}"),
-          ("feddle_id", "algorithm.fallback_learning_rate", [0.1, 1.0], "feddle_paper_fb{}")]
+# grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10; FedAsync's alpha {0.2, 0.4, 0.8} by a {0.1,
+# 0.5, 0.9}), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's fallback is
+# FedBuff (its eta_g unreported): the grid's two upper rates. Each point's runs have a folder (and records)
+# of their own; the table's seed-0 cells at the tuned values hold copies of the grid's records, and FedAsync's
+# point at its defaults is the table's own cell.
+ETA_G = ("algorithm.server_learning_rate",)
+TUNING = [Grid("fedbuff", ETA_G, ((0.01,), (0.1,), (1.0,)), "feddle_paper_eta{}"),
+          Grid("ca2fl", ETA_G, ((0.1,), (1.0,)), "feddle_paper_eta{}"),
+          Grid("feddle_id", ("algorithm.fallback_learning_rate",), ((0.1,), (1.0,)), "feddle_paper_fb{}"),
+          Grid("fedasync", ("algorithm.alpha", "algorithm.a"),
+               tuple((alpha, a) for alpha in (0.2, 0.4, 0.8) for a in (0.1, 0.5, 0.9)),
+               "feddle_paper_fedasync_alpha{}_a{}", table_point=(0.4, 0.5))]
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
     "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null",
@@ -259,10 +283,10 @@ def table_jobs(datasets, alphas, sigmas, seeds, methods, tuned: dict[str, list[s
 def tuning_jobs(dataset: str = "cifar10"):
     """The server-rate grid (:data:`TUNING`) on Dir(0.1)/N(20), seed 0: ``(runs folder, name, config,
     overrides)``."""
-    for method, setting, values, folder in TUNING:
-        (name, config, overrides), = table_jobs([dataset], [0.1], [20], [0], [method])
-        for value in values:
-            yield folder.format(value), name, config, [*overrides, f"{setting}={value}"]
+    for grid in TUNING:
+        (name, config, overrides), = table_jobs([dataset], [0.1], [20], [0], [grid.method])
+        for point in grid.points:
+            yield grid.runs(point), name, config, [*overrides, *grid.overrides(point)]
 
 
 def study_jobs(dataset: str, parts):
@@ -436,25 +460,31 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
 
 
 def tuning_report() -> list[str]:
-    """The server-rate grid (:data:`TUNING`): each value's score and final accuracy, the tuned one marked."""
+    """The tuning grid (:data:`TUNING`): each point's score and final accuracy, the tuned one marked."""
     lines = ["## Server rates, tuned on CIFAR-10 Dir(0.1)/N(20), seed 0", "",
              ("The paper tuned each method once on CIFAR-10 and reports neither the values nor the client "
               "recipe (App. D); ours: FedBuff's and CA2FL's eta_g on its grid {0.01, 0.1, 1} (buffer 10), "
-              "and Feddle's FedBuff fallback on the grid's upper two, at the table's client recipe, the best "
-              "of the last five evaluations deciding. FedAvg takes the full step (eta_g 1), as the paper "
-              "writes it (Eq. 2). Each value's runs: `runs/<folder>` with `--runs runs/<folder> --set "
-              "<setting>=<value>`, or all of them by `--scale paper --part tune`."), "",
+              "Feddle's FedBuff fallback on the grid's upper two, and FedAsync's alpha {0.2, 0.4, 0.8} by a "
+              "{0.1, 0.5, 0.9}, at the table's client recipe, the best of the last five evaluations "
+              "deciding. FedAvg takes the full step (eta_g 1), as the paper writes it (Eq. 2). Each point's "
+              "runs: `runs/<folder>` with `--runs runs/<folder> --set <setting>=<value>`, or all of them by "
+              "`--scale paper --part tune`; FedAsync's table cell (its defaults) is its grid's centre."), "",
              "| method | setting | value | best of last five | final | records | tuned |",
              "|---|---|---|---|---|---|---|"]
-    for method, setting, values, pattern in TUNING:
-        chosen = SCALES["paper"].tuned.get(method, [])
-        for value in values:
-            (name, _, _), = table_jobs(["cifar10"], [0.1], [20], [0], [method])
-            folder = pattern.format(value)
+    for grid in TUNING:
+        chosen = SCALES["paper"].tuned.get(grid.method, [])
+        (name, _, _), = table_jobs(["cifar10"], [0.1], [20], [0], [grid.method])
+        for point in grid.points:
+            folder = grid.runs(point)
             got = paper_metric(Records(records_of(Path(folder))) / name)
             score = (f"{got[0]:.1f} | {got[1]:.1f}" if got else "- | -")
-            lines.append(f"| {METHODS[method][0].strip('*')} | `{setting}` | {value:g} | {score} | "
-                         f"`{folder}` | {'yes' if f'{setting}={value}' in chosen else ''} |")
+            if chosen:
+                tuned = "yes" if set(grid.overrides(point)) <= set(chosen) else ""
+            else:
+                tuned = "the table's (untuned)" if point == grid.table_point else ""
+            lines.append(f"| {METHODS[grid.method][0].strip('*')} | "
+                         f"{', '.join(f'`{k}`' for k in grid.settings)} | "
+                         f"{', '.join(f'{v:g}' for v in point)} | {score} | `{folder}` | {tuned} |")
     return [*lines, ""]
 
 
@@ -674,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
         for where, name, config, overrides in reversed(jobs) if args.reverse else jobs:
             run(where, name, config, overrides + args.set, scale=scale)
     # One report for everything that has run, not only what this invocation asked for.
-    grid = {pattern.format(v) for _, _, values, pattern in TUNING for v in values} if scale.tuned else set()
+    grid = {g.runs(point) for g in TUNING for point in g.points} - {scale.runs} if scale.tuned else set()
     for folder in sorted(grid):
         collect(runs.parent / folder, KEEP)  # the grid's runs made here (or by hand) join their records
     records = collect(runs, KEEP)

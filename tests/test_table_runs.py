@@ -384,18 +384,26 @@ def test_feddles_paper_scale_runs_the_tuned_server_rates_and_its_grid_each_value
     assert configs["feddle_id"].algorithm.fallback_learning_rate == 0.1
     assert not feddle_table.SCALES["cpu"].tuned  # the CPU table keeps the defaults
     grid = list(feddle_table.tuning_jobs())
-    assert len(grid) == 7
+    assert len(grid) == 7 + 9
     for folder, name, config, overrides in grid:
         method = name.split("/")[3]
+        at = load_config(config, [*paper.overrides, *overrides])
+        if method == "fedasync":  # alpha by a; its defaults' point is the table's own cell
+            point = (at.algorithm.alpha, at.algorithm.a)
+            assert folder == ("feddle_paper" if point == (0.4, 0.5)
+                              else "feddle_paper_fedasync_alpha{}_a{}".format(*point))
+            continue
         value = float(overrides[-1].split("=")[1])
         assert folder.endswith(str(value)) and name == f"cifar10/dir0.1/N20/{method}/seed0"
-        at = load_config(config, [*paper.overrides, *overrides])
         assert value == (at.algorithm.fallback_learning_rate if method == "feddle_id"
                          else at.algorithm.server_learning_rate)
+    fedasync = {tuple(float(o.split("=")[1]) for o in overrides[-2:])
+                for _, name, _, overrides in grid if "fedasync" in name}
+    assert fedasync == {(alpha, a) for alpha in (0.2, 0.4, 0.8) for a in (0.1, 0.5, 0.9)}  # App. D's grid
     # every tuned setting is one of the grid's values
     tuned = {(m, s.split("=")[0], float(s.split("=")[1])) for m, ss in paper.tuned.items() for s in ss}
-    assert {(m, k, v) for m, k, values, _ in feddle_table.TUNING for v in values} >= {
-        t for t in tuned if t[0] != "feddle_ood"}
+    points = {(g.method, k, v) for g in feddle_table.TUNING for p in g.points for k, v in zip(g.settings, p)}
+    assert points >= {t for t in tuned if t[0] != "feddle_ood"}
 
 
 def test_fedimpros_paper_scale_runs_resnet18_split_after_layer2_for_300_rounds():
