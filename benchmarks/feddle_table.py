@@ -128,6 +128,8 @@ SCALES = {
                           "feddle_id": ["algorithm.fallback_learning_rate=0.1"],
                           "feddle_ood": ["algorithm.fallback_learning_rate=0.1"]}),
 }
+
+
 @dataclass(frozen=True)
 class Grid:
     """One method's tuning grid at the paper's scale: each point sets ``settings`` to its values."""
@@ -143,6 +145,7 @@ class Grid:
         return SCALES["paper"].runs if point == self.table_point else self.folder.format(*point)
 
     def overrides(self, point: tuple[float, ...]) -> list[str]:
+        """The settings of ``point``, as ``--set`` overrides."""
         return [f"{setting}={value}" for setting, value in zip(self.settings, point)]
 
 
