@@ -22,10 +22,9 @@ over seeds and its 95 % interval (held, not held or unresolved).
 ``--scale paper`` runs the paper's client work instead: 2 local epochs of 32 and 200 rounds (a GPU's job),
 into ``runs/feddle_paper`` with its records in ``feddle_paper.jsonl.gz`` and its pages
 ``feddle_paper_tables.md`` and ``feddle_paper_claims.md``; the summary page judges a claim there once two
-seeds pair. There FedBuff, CA2FL and Feddle's FedBuff fallback take the server rates tuned on the paper's grid
-(``TUNING``, ``--part tune``: each value's runs in a folder of their own), as the paper tuned each method once
-on CIFAR-10. FedAsync's grid (alpha by a, App. D) is there too; its table cells keep its defaults, the grid's
-centre, until the grid has run.
+seeds pair. There FedBuff, CA2FL, FedAsync and Feddle's FedBuff fallback take the settings tuned on the
+paper's grids (``TUNING``, ``--part tune``: each point's runs in a folder of their own), as the paper tuned
+each method once on CIFAR-10.
 
 Usage::
 
@@ -121,10 +120,11 @@ SCALES = {
     "paper": Scale("paper", "feddle_paper", ("client.local_steps=null", "client.local_epochs=2",
                                              "rounds.num_rounds=200"),
                    "Adam clients (2 local epochs of 32, lr 1e-3), 200 rounds (the paper's scale); FedBuff, "
-                   "CA2FL and Feddle's FedBuff fallback at the server rates tuned below",
+                   "CA2FL, FedAsync and Feddle's FedBuff fallback at the settings tuned below",
                    "the paper's federation, delays, model and client work (100 % of its client steps)",
                    tuned={"fedbuff": ["algorithm.server_learning_rate=0.1"],
                           "ca2fl": ["algorithm.server_learning_rate=0.1"],
+                          "fedasync": ["algorithm.alpha=0.8", "algorithm.a=0.9"],
                           "feddle_id": ["algorithm.fallback_learning_rate=0.1"],
                           "feddle_ood": ["algorithm.fallback_learning_rate=0.1"]}),
 }
@@ -138,30 +138,28 @@ class Grid:
     settings: tuple[str, ...]
     points: tuple[tuple[float, ...], ...]
     folder: str  # a point's runs folder, formatted with its values
-    table_point: tuple[float, ...] | None = None  # the point of the table's own (untuned) cell
 
     def runs(self, point: tuple[float, ...]) -> str:
-        """The runs folder of ``point``: the table's own where the table's cell runs it."""
-        return SCALES["paper"].runs if point == self.table_point else self.folder.format(*point)
+        """The runs folder of ``point``."""
+        return self.folder.format(*point)
 
     def overrides(self, point: tuple[float, ...]) -> list[str]:
         """The settings of ``point``, as ``--set`` overrides."""
         return [f"{setting}={value}" for setting, value in zip(self.settings, point)]
 
 
-# The server rates tuned at the paper's scale, as the paper tuned each method once on CIFAR-10 (App. D; the
-# grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10; FedAsync's alpha {0.2, 0.4, 0.8} by a {0.1,
-# 0.5, 0.9}), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's fallback is
-# FedBuff (its eta_g unreported): the grid's two upper rates. Each point's runs have a folder (and records)
-# of their own; the table's seed-0 cells at the tuned values hold copies of the grid's records, and FedAsync's
-# point at its defaults is the table's own cell.
+# The server settings tuned at the paper's scale, as the paper tuned each method once on CIFAR-10 (App. D;
+# the grid {0.01, 0.1, 1} of FedBuff's and CA2FL's eta_g, buffer 10; FedAsync's alpha {0.2, 0.4, 0.8} by a
+# {0.1, 0.5, 0.9}), on Dir(0.1)/N(20), seed 0, the best of the last five evaluations deciding. Feddle's
+# fallback is FedBuff (its eta_g unreported): the grid's two upper rates. Each point's runs have a folder (and
+# records) of their own; the table's seed-0 cells at the tuned points hold copies of the grid's records.
 ETA_G = ("algorithm.server_learning_rate",)
 TUNING = [Grid("fedbuff", ETA_G, ((0.01,), (0.1,), (1.0,)), "feddle_paper_eta{}"),
           Grid("ca2fl", ETA_G, ((0.1,), (1.0,)), "feddle_paper_eta{}"),
           Grid("feddle_id", ("algorithm.fallback_learning_rate",), ((0.1,), (1.0,)), "feddle_paper_fb{}"),
           Grid("fedasync", ("algorithm.alpha", "algorithm.a"),
                tuple((alpha, a) for alpha in (0.2, 0.4, 0.8) for a in (0.1, 0.5, 0.9)),
-               "feddle_paper_fedasync_alpha{}_a{}", table_point=(0.4, 0.5))]
+               "feddle_paper_fedasync_alpha{}_a{}")]
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
     "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null",
@@ -464,14 +462,14 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
 
 def tuning_report() -> list[str]:
     """The tuning grid (:data:`TUNING`): each point's score and final accuracy, the tuned one marked."""
-    lines = ["## Server rates, tuned on CIFAR-10 Dir(0.1)/N(20), seed 0", "",
+    lines = ["## Server settings, tuned on CIFAR-10 Dir(0.1)/N(20), seed 0", "",
              ("The paper tuned each method once on CIFAR-10 and reports neither the values nor the client "
               "recipe (App. D); ours: FedBuff's and CA2FL's eta_g on its grid {0.01, 0.1, 1} (buffer 10), "
               "Feddle's FedBuff fallback on the grid's upper two, and FedAsync's alpha {0.2, 0.4, 0.8} by a "
               "{0.1, 0.5, 0.9}, at the table's client recipe, the best of the last five evaluations "
               "deciding. FedAvg takes the full step (eta_g 1), as the paper writes it (Eq. 2). Each point's "
               "runs: `runs/<folder>` with `--runs runs/<folder> --set <setting>=<value>`, or all of them by "
-              "`--scale paper --part tune`; FedAsync's table cell (its defaults) is its grid's centre."), "",
+              "`--scale paper --part tune`."), "",
              "| method | setting | value | best of last five | final | records | tuned |",
              "|---|---|---|---|---|---|---|"]
     for grid in TUNING:
@@ -481,10 +479,7 @@ def tuning_report() -> list[str]:
             folder = grid.runs(point)
             got = paper_metric(Records(records_of(Path(folder))) / name)
             score = (f"{got[0]:.1f} | {got[1]:.1f}" if got else "- | -")
-            if chosen:
-                tuned = "yes" if set(grid.overrides(point)) <= set(chosen) else ""
-            else:
-                tuned = "the table's (untuned)" if point == grid.table_point else ""
+            tuned = "yes" if chosen and set(grid.overrides(point)) <= set(chosen) else ""
             lines.append(f"| {METHODS[grid.method][0].strip('*')} | "
                          f"{', '.join(f'`{k}`' for k in grid.settings)} | "
                          f"{', '.join(f'{v:g}' for v in point)} | {score} | `{folder}` | {tuned} |")
@@ -707,7 +702,7 @@ def main(argv: list[str] | None = None) -> None:
         for where, name, config, overrides in reversed(jobs) if args.reverse else jobs:
             run(where, name, config, overrides + args.set, scale=scale)
     # One report for everything that has run, not only what this invocation asked for.
-    grid = {g.runs(point) for g in TUNING for point in g.points} - {scale.runs} if scale.tuned else set()
+    grid = {g.runs(point) for g in TUNING for point in g.points} if scale.tuned else set()
     for folder in sorted(grid):
         collect(runs.parent / folder, KEEP)  # the grid's runs made here (or by hand) join their records
     records = collect(runs, KEEP)

@@ -374,7 +374,7 @@ def test_feddles_paper_scale_runs_the_tuned_server_rates_and_its_grid_each_value
     from fedjax_lab.experiments import load_config
 
     paper = feddle_table.SCALES["paper"]
-    methods = ["fedavg", "fedbuff", "ca2fl", "feddle_id"]
+    methods = ["fedavg", "fedbuff", "ca2fl", "fedasync", "feddle_id"]
     configs = {name.split("/")[3]: load_config(config, [*paper.overrides, *overrides])
                for name, config, overrides in feddle_table.table_jobs(["cifar10"], [0.1], [20], [0], methods,
                                                                       paper.tuned)}
@@ -382,16 +382,15 @@ def test_feddles_paper_scale_runs_the_tuned_server_rates_and_its_grid_each_value
     assert configs["fedbuff"].algorithm.server_learning_rate == 0.1
     assert configs["ca2fl"].algorithm.server_learning_rate == 0.1
     assert configs["feddle_id"].algorithm.fallback_learning_rate == 0.1
+    assert (configs["fedasync"].algorithm.alpha, configs["fedasync"].algorithm.a) == (0.8, 0.9)
     assert not feddle_table.SCALES["cpu"].tuned  # the CPU table keeps the defaults
     grid = list(feddle_table.tuning_jobs())
     assert len(grid) == 7 + 9
     for folder, name, config, overrides in grid:
         method = name.split("/")[3]
         at = load_config(config, [*paper.overrides, *overrides])
-        if method == "fedasync":  # alpha by a; its defaults' point is the table's own cell
-            point = (at.algorithm.alpha, at.algorithm.a)
-            assert folder == ("feddle_paper" if point == (0.4, 0.5)
-                              else "feddle_paper_fedasync_alpha{}_a{}".format(*point))
+        if method == "fedasync":  # alpha by a
+            assert folder == f"feddle_paper_fedasync_alpha{at.algorithm.alpha}_a{at.algorithm.a}"
             continue
         value = float(overrides[-1].split("=")[1])
         assert folder.endswith(str(value)) and name == f"cifar10/dir0.1/N20/{method}/seed0"
