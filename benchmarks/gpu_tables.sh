@@ -8,7 +8,8 @@
 # --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves nothing. The record files
 # that runs finished meanwhile were added to (``benchmarks/results/records/<table>.jsonl.gz``, as the scripts keep
 # them) are packed into OUT_DIR/records.tgz and the copies' logs into OUT_DIR/logs.tgz (two files: a lent
-# machine sends back at most 8). Unpack the records in a folder of their own and merge them,
+# machine sends back at most 8; the logs' archive also holds the metrics.jsonl of every run that wrote, so a run
+# cut off says how far it came). Unpack the records in a folder of their own and merge them,
 # ``python benchmarks/compact_records.py --merge DIR/benchmarks/results/records/*.jsonl.gz``. The
 # GPU is shared by the copies (no preallocation), the CPU cores too: each run is small, so several at once fill the
 # GPU better than one. Data come from $FEDJAX_LAB_DATA. Records made here say "backend": "gpu".
@@ -49,4 +50,7 @@ sleep 2
 find benchmarks/results/records -name "*.jsonl.gz" -newer "$marker" -print0 | tar czf "$out/records.tgz" --null -T -
 echo "== $(($(kept) - before)) runs finished in $SECONDS s"
 grep -h "test acc" "$out"/worker_*.log
-tar czf "$out/logs.tgz" -C "$out" $(cd "$out" && ls worker_*.log) && rm -f "$out"/worker_*.log
+# The logs, and the metrics of every run that wrote this time: how far a run cut off by the budget came.
+mapfile -t metrics < <(find runs -name metrics.jsonl -newer "$marker" 2>/dev/null)
+tar czf "$out/logs.tgz" -C "$out" $(cd "$out" && ls worker_*.log) -C "$PWD" "${metrics[@]}" \
+    && rm -f "$out"/worker_*.log
