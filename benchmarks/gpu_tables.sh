@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_tables.sh OUT_DIR BUDGET_SECONDS "N:COMMAND" ["N:COMMAND" ...]
 #
 # Each "N:COMMAND" starts N copies of COMMAND (a table script, e.g. "6:python benchmarks/feddle_table.py
-# --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves nothing. The record files
+# --datasets cifar10 ..."). At the budget every copy is stopped; a run cut off leaves no record. The record files
 # that runs finished meanwhile were added to (``benchmarks/results/records/<table>.jsonl.gz``, as the scripts keep
 # them) are packed into OUT_DIR/records.tgz and the copies' logs into OUT_DIR/logs.tgz (two files: a lent
 # machine sends back at most 8; the logs' archive also holds the metrics.jsonl of every run that wrote, so a run
