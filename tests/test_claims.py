@@ -177,6 +177,51 @@ def test_feddles_note_names_only_what_ran_before_the_records_and_has_not_rerun(t
     assert feddle_table.pre_records_note(tmp_path, "fashion_mnist", paper) == []
     assert feddle_table.pre_records_note(tmp_path, "cifar10", cpu) == []
 
+def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_papers_scale(tmp_path):
+    import fedimpro_table
+
+    cpu, resnet18, resnet8 = (tmp_path / name for name in ("cpu", "resnet18", "resnet8"))
+    main = f"cifar10/{fedimpro_table.MAIN}"
+    for seed in range(3):
+        for method in fedimpro_table.METHODS:
+            fake_run(cpu / f"{main}/{method}/seed{seed}", 0.51 if method == "fedimpro" else 0.50)
+    for seed, (fedavg, fedimpro) in enumerate([(0.58, 0.60), (0.57, 0.60)]):
+        fake_run(resnet8 / f"{main}/fedavg/seed{seed}", fedavg)
+        fake_run(resnet8 / f"{main}/fedimpro/seed{seed}", fedimpro)
+    none = tmp_path / "none"
+    only_cpu = fedimpro_table.decisive(cpu, none, none)
+    assert only_cpu.page == "fedimpro_claims.md"
+    assert all(c.text.endswith(", CPU scale") for c in only_cpu.claims)
+    # ResNet-8 pairs two seeds against FedAvg only: that claim comes from it, the other bases from the CPU
+    small = fedimpro_table.decisive(cpu, none, resnet8)
+    assert small.page == "fedimpro_paper_resnet8_claims.md"
+    assert [judge(c)[:2] for c in small.claims] == [("+2.5 [-3.9, +8.9]", [0, 1])] + [
+        ("+1.0 [+1.0, +1.0]", [0, 1, 2])] * 3
+    assert small.claims[0].text.endswith("near the paper's scale")
+    assert small.ours.startswith("the paper's federation and split, 300 of its 1000 rounds (30 % of its "
+                                 "client steps), on ResNet-8 (BatchNorm) in place of ResNet-18 for 1 of the 4")
+    # ResNet-18 is the paper's model: where it pairs, ResNet-8's runs are not read
+    for seed in range(2):
+        fake_run(resnet18 / f"{main}/fedavg/seed{seed}", 0.70)
+        fake_run(resnet18 / f"{main}/fedimpro/seed{seed}", 0.69)
+    large = fedimpro_table.decisive(cpu, resnet18, resnet8)
+    assert large.page == "fedimpro_paper_claims.md" and "model and split" in large.ours
+    assert judge(large.claims[0])[:2] == ("-1.0 [-1.0, -1.0]", [0, 1])
+
+
+def test_fedimpros_resnet8_scale_is_the_paper_scale_on_resnet8():
+    import fedimpro_table
+
+    from fedjax_lab.experiments import load_config
+
+    scale = fedimpro_table.SCALES["paper_resnet8"]
+    (name, dataset, overrides), = fedimpro_table.jobs(["cifar10"], [fedimpro_table.MAIN], [1], ["fedimpro"])
+    config = load_config(fedimpro_table.REPO / "configs/fedimpro" / scale.config_path.format(dataset=dataset),
+                         [*scale.before, *overrides, *scale.after])
+    assert (config.model.name, config.rounds.num_rounds, config.eval.split, config.algorithm.split,
+            config.algorithm.ramp_rounds, config.seed) == ("resnet8", 300, "layer2", "layer2", 150, 1)
+
+
 def test_fedcogs_summary_claim_is_judged_at_the_papers_scale_where_two_seeds_pair_there(tmp_path):
     import fedcog_table
     import reproductions
