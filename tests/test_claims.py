@@ -199,7 +199,8 @@ def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_paper
         ("+1.0 [+1.0, +1.0]", [0, 1, 2])] * 3
     assert small.claims[0].text.endswith("near the paper's scale")
     assert small.ours.startswith("the paper's federation and split, 300 of its 1000 rounds (30 % of its "
-                                 "client steps), on ResNet-8 (BatchNorm) in place of ResNet-18 for 1 of the 4")
+                                 "client steps), on ResNet-8 (BatchNorm) in place of ResNet-18 for 1 "
+                                 "of the 4")
     # ResNet-18 is the paper's model: where it pairs, ResNet-8's runs are not read
     for seed in range(2):
         fake_run(resnet18 / f"{main}/fedavg/seed{seed}", 0.70)
@@ -215,9 +216,9 @@ def test_fedimpros_resnet8_scale_is_the_paper_scale_on_resnet8():
     from fedjax_lab.experiments import load_config
 
     scale = fedimpro_table.SCALES["paper_resnet8"]
-    (name, dataset, overrides), = fedimpro_table.jobs(["cifar10"], [fedimpro_table.MAIN], [1], ["fedimpro"])
-    config = load_config(fedimpro_table.REPO / "configs/fedimpro" / scale.config_path.format(dataset=dataset),
-                         [*scale.before, *overrides, *scale.after])
+    (_, dataset, overrides), = fedimpro_table.jobs(["cifar10"], [fedimpro_table.MAIN], [1], ["fedimpro"])
+    path = fedimpro_table.REPO / "configs/fedimpro" / scale.config_path.format(dataset=dataset)
+    config = load_config(path, [*scale.before, *overrides, *scale.after])
     assert (config.model.name, config.rounds.num_rounds, config.eval.split, config.algorithm.split,
             config.algorithm.ramp_rounds, config.seed) == ("resnet8", 300, "layer2", "layer2", 150, 1)
 
