@@ -10,7 +10,8 @@
 # them) are packed into OUT_DIR/records.tgz and the copies' logs into OUT_DIR/logs.tgz (two files: a lent
 # machine sends back at most 8; the logs' archive also holds the metrics.jsonl of every run that wrote, so a run
 # cut off says how far it came). Unpack the records in a folder of their own and merge them,
-# ``python benchmarks/compact_records.py --merge DIR/benchmarks/results/records/*.jsonl.gz``. The
+# ``python benchmarks/compact_records.py --merge DIR/benchmarks/results/records/*.jsonl.gz``. The runs cut off
+# come back in OUT_DIR/unfinished.tgz where it is under 16 MB, to resume here or in a later loan. The
 # GPU is shared by the copies (no preallocation), the CPU cores too: each run is small, so several at once fill the
 # GPU better than one. Data come from $FEDJAX_LAB_DATA. Records made here say "backend": "gpu".
 set -u -o pipefail
@@ -46,7 +47,14 @@ while ((SECONDS < end)); do
     ((running == 0)) && break
 done
 for p in "${pids[@]}"; do kill -- -"$p" 2>/dev/null; done
-sleep 2
+# A run stopped by SIGTERM finishes its block and writes its results; give it 30 s, then stop it outright.
+for _ in $(seq 30); do
+    running=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+    ((running == 0)) && break
+    sleep 1
+done
+for p in "${pids[@]}"; do kill -9 -- -"$p" 2>/dev/null; done
 find benchmarks/results/records -name "*.jsonl.gz" -newer "$marker" -print0 | tar czf "$out/records.tgz" --null -T -
 echo "== $(($(kept) - before)) runs finished in $SECONDS s"
 grep -h "test acc" "$out"/worker_*.log
@@ -54,3 +62,15 @@ grep -h "test acc" "$out"/worker_*.log
 mapfile -t metrics < <(find runs -name metrics.jsonl -newer "$marker" 2>/dev/null)
 tar czf "$out/logs.tgz" -C "$out" $(cd "$out" && ls worker_*.log) -C "$PWD" "${metrics[@]}" \
     && rm -f "$out"/worker_*.log
+# The runs the budget cut off, claims left out, where they fit what comes back (16 MiB a file): unpacked into
+# the repository, the same table command resumes each from its last checkpoint, here or in a later loan.
+mapfile -t unfinished < <(for m in "${metrics[@]}"; do [[ -f ${m%/*}/summary.json ]] || echo "${m%/*}"; done)
+if ((${#unfinished[@]})); then
+    tar czf "$out/unfinished.tgz" "${unfinished[@]}"
+    if (($(stat -c %s "$out/unfinished.tgz") > 16000000)); then
+        rm "$out/unfinished.tgz"
+        echo "== ${#unfinished[@]} unfinished runs, too large to send back"
+    else
+        echo "== ${#unfinished[@]} unfinished runs in unfinished.tgz: tar xzf it in the repository's root"
+    fi
+fi
