@@ -63,6 +63,7 @@ from table_runs import (
     has_runs,
     mean_std,
     metrics,
+    ours_at_either_scale,
     plot_bands,
     records_of,
     run_once,
@@ -595,10 +596,7 @@ def decisive(records=None, paper=None) -> Decisive:
 
     found, from_paper = at_either_scale(table5(paper), table5(records))
     some = any(from_paper)
-    ours = SCALES["cpu"].ours
-    if some:
-        ours = (f"{SCALES['paper'].ours} for {sum(from_paper)} of the {len(found)} claims; the rest at "
-                f"{ours}")
+    ours = ours_at_either_scale(SCALES["paper"].ours, SCALES["cpu"].ours, from_paper)
     return Decisive("Feddle (Federated Dual Learning), Table 5, CIFAR-10",
                     SCALES["paper" if some else "cpu"].claims,
                     "500 clients, 10 dispatched a round, half-normal delays, CNN, 200 rounds of 2 "

@@ -55,6 +55,7 @@ from table_runs import (
     datasets_on_disk,
     evaluations,
     mean_std,
+    ours_at_either_scale,
     plot_bands,
     run_once,
     seed_curves,
@@ -447,9 +448,7 @@ def decisive(records=None, near_paper=None, near_paper_resnet8=None) -> Decisive
         large = SCALES["paper_resnet8"]
         found, from_paper = at_either_scale(table1(near_paper_resnet8), table1(records))
     some = any(from_paper)
-    ours = SCALES["cpu"].ours
-    if some:
-        ours = f"{large.ours} for {sum(from_paper)} of the {len(found)} claims; the rest at {ours}"
+    ours = ours_at_either_scale(large.ours, SCALES["cpu"].ours, from_paper)
     return Decisive("FedImpro (Decoupled Gradient Dissimilarity), Table 1, CIFAR-10",
                     (large if some else SCALES["cpu"]).claims,
                     "10 clients, 5 a round, ResNet-18, 1000 rounds of one local epoch", ours,

@@ -571,6 +571,16 @@ def at_either_scale(paper: list[Claim], cpu: list[Claim]) -> tuple[list[Claim], 
     return chosen, from_paper
 
 
+def ours_at_either_scale(paper: str, cpu: str, from_paper: list[bool]) -> str:
+    """The summary's "ours" for claims judged by :func:`at_either_scale`: ``paper`` or ``cpu`` (what ran at
+    each scale) where every claim came from one, else which share came from the paper's scale."""
+    if all(from_paper):
+        return paper
+    if not any(from_paper):
+        return cpu
+    return f"{paper} for {sum(from_paper)} of the {len(from_paper)} claims; the rest at {cpu}"
+
+
 def judge(claim: Claim) -> tuple[str, list[int], str]:
     """(our mean paired difference and interval, the seeds that pair, the verdict) of ``claim``. A seed whose
     run diverged in either arm (its value NaN) pairs nothing: a model at chance after a NaN says nothing of

@@ -210,6 +210,14 @@ def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_paper
     assert judge(large.claims[0])[:2] == ("-1.0 [-1.0, -1.0]", [0, 1])
 
 
+def test_the_summarys_scale_names_the_share_only_when_the_claims_mix_scales():
+    from table_runs import ours_at_either_scale
+
+    assert ours_at_either_scale("P", "C", [True, True]) == "P"
+    assert ours_at_either_scale("P", "C", [False, False]) == "C"
+    assert ours_at_either_scale("P", "C", [True, False, True]) == "P for 2 of the 3 claims; the rest at C"
+
+
 def test_fedimpros_resnet8_scale_is_the_paper_scale_on_resnet8():
     import fedimpro_table
 
