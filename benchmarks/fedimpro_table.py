@@ -205,9 +205,9 @@ class Scale:
     ours: str  # the summary page's "ours"
     config: str | None = None
 
-    @property
-    def config_path(self) -> str:
-        return f"{self.config or self.name}_{{dataset}}.yaml"
+    def config_file(self, dataset: str) -> str:
+        """The name of ``dataset``'s config under ``configs/fedimpro``."""
+        return f"{self.config or self.name}_{dataset}.yaml"
 
     @property
     def tables(self) -> str:
@@ -243,7 +243,7 @@ SCALES = {
 
 def run(runs: Path, name: str, dataset: str, overrides: list[str], scale: Scale = SCALES["cpu"]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
-    config = load_config(REPO / "configs" / "fedimpro" / scale.config_path.format(dataset=dataset),
+    config = load_config(REPO / "configs" / "fedimpro" / scale.config_file(dataset),
                          [*scale.before, *overrides, *scale.after])
     done = run_once(runs, name, config, KEEP)
     if done:

@@ -225,7 +225,7 @@ def test_fedimpros_resnet8_scale_is_the_paper_scale_on_resnet8():
 
     scale = fedimpro_table.SCALES["paper_resnet8"]
     (_, dataset, overrides), = fedimpro_table.jobs(["cifar10"], [fedimpro_table.MAIN], [1], ["fedimpro"])
-    path = fedimpro_table.REPO / "configs/fedimpro" / scale.config_path.format(dataset=dataset)
+    path = fedimpro_table.REPO / "configs/fedimpro" / scale.config_file(dataset)
     config = load_config(path, [*scale.before, *overrides, *scale.after])
     assert (config.model.name, config.rounds.num_rounds, config.eval.split, config.algorithm.split,
             config.algorithm.ramp_rounds, config.seed) == ("resnet8", 300, "layer2", "layer2", 150, 1)
