@@ -9,7 +9,8 @@ steps of 32, 100 rounds), in the paper's two groups:
   Feddle-ID;
 * without: FedAvg, FedAsync, FedBuff, CA2FL, and with out-of-domain server data FedDF-OOD, Feddle-OOD.
 
-FedDF at two rates of the paper's grid: 1e-3, its top, and 1e-5, its best here (``--part feddf_lr``).
+FedDF at two rates of the paper's grid: 1e-3, its top, and 1e-5, its best here (``--part feddf_lr``); at the
+paper's scale also at 1e-5 with FedBuff's tuned server rate (``feddf_id_tuned``, ``feddf_ood_tuned``).
 
 A cell is the best of the last five evaluations (every 10 rounds), mean ± std (the sample standard deviation,
 ddof 1) over the seeds, as the paper reports. Runs go to
@@ -90,6 +91,10 @@ def feddf(learning_rate: float) -> str:
 
 # the grid's top rate, the table's first FedDF rows; 1e-5 is the grid's best (see feddf_lr)
 FEDDF = feddf(1e-3)
+# FedBuff's server rate tuned at the paper's scale (TUNING). FedDF buffers its updates as FedBuff does, so at
+# the paper's scale its tuned rows take this eta_g with the best distillation rate; at CPU scale every method
+# keeps eta_g = 1, so those rows exist at the paper's scale only (PAPER_SCALE_ONLY).
+FEDBUFF_TUNED = ["algorithm.server_learning_rate=0.1"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ SCALES = {
                    "Adam clients (2 local epochs of 32, lr 1e-3), 200 rounds (the paper's scale); FedBuff, "
                    "CA2FL, FedAsync and Feddle's FedBuff fallback at the settings tuned below",
                    "the paper's federation, delays, model and client work (100 % of its client steps)",
-                   tuned={"fedbuff": ["algorithm.server_learning_rate=0.1"],
+                   tuned={"fedbuff": FEDBUFF_TUNED,
                           "ca2fl": ["algorithm.server_learning_rate=0.1"],
                           "fedasync": ["algorithm.alpha=0.8", "algorithm.a=0.9"],
                           "feddle_id": ["algorithm.fallback_learning_rate=0.1"],
@@ -161,6 +166,7 @@ TUNING = [Grid("fedbuff", ETA_G, ((0.01,), (0.1,), (1.0,)), "feddle_paper_eta{}"
           Grid("fedasync", ("algorithm.alpha", "algorithm.a"),
                tuple((alpha, a) for alpha in (0.2, 0.4, 0.8) for a in (0.1, 0.5, 0.9)),
                "feddle_paper_fedasync_alpha{}_a{}")]
+PAPER_SCALE_ONLY = ("feddf_id_tuned", "feddf_ood_tuned")
 # method -> (label, server data: id | ood | none, overrides)
 METHODS = {
     "center": ("Center", "id", ["algorithm={name: server_only}", "asynchrony=null",
@@ -169,6 +175,7 @@ METHODS = {
     "hfcl": ("HFCL", "id", ["algorithm={name: hfcl}"]),
     "feddf_id": ("FedDF-ID (lr 1e-3)", "id", [FEDDF]),
     "feddf_id_lr1e-5": ("FedDF-ID (lr 1e-5)", "id", [feddf(1e-5)]),
+    "feddf_id_tuned": ("FedDF-ID (lr 1e-5, eta_g 0.1)", "id", [feddf(1e-5), *FEDBUFF_TUNED]),
     "feddle_id": ("**Feddle-ID**", "id", []),
     "fedavg": ("FedAvg", "none", ["algorithm={name: fedavg}"]),
     "fedasync": ("FedAsync", "none", ["algorithm={name: fedasync}"]),
@@ -176,6 +183,7 @@ METHODS = {
     "ca2fl": ("CA2FL", "none", ["algorithm={name: ca2fl}"]),
     "feddf_ood": ("FedDF-OOD (lr 1e-3)", "ood", [FEDDF]),
     "feddf_ood_lr1e-5": ("FedDF-OOD (lr 1e-5)", "ood", [feddf(1e-5)]),
+    "feddf_ood_tuned": ("FedDF-OOD (lr 1e-5, eta_g 0.1)", "ood", [feddf(1e-5), *FEDBUFF_TUNED]),
     "feddle_ood": ("**Feddle-OOD**", "ood", []),
 }
 COLUMNS = [(0.1, 20), (0.1, 5), (0.3, 20), (0.3, 5)]
@@ -183,9 +191,15 @@ LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "
 # "Feddle consistently outperforms all baselines" (App. F.2), bold per data availability: Feddle-ID against
 # every method with in-domain data and every asynchronous baseline, Feddle-OOD against every method without
 # in-domain data (the paper concedes Center beats it on CIFAR-10 Dir(0.1)/N(20)).
-RIVALS = {"feddle_id": ["center", "fedft", "hfcl", "feddf_id", "feddf_id_lr1e-5", "fedavg", "fedasync",
-                        "fedbuff", "ca2fl"],
-          "feddle_ood": ["fedavg", "fedasync", "fedbuff", "ca2fl", "feddf_ood", "feddf_ood_lr1e-5"]}
+RIVALS = {"feddle_id": ["center", "fedft", "hfcl", "feddf_id", "feddf_id_lr1e-5", "feddf_id_tuned", "fedavg",
+                        "fedasync", "fedbuff", "ca2fl"],
+          "feddle_ood": ["fedavg", "fedasync", "fedbuff", "ca2fl", "feddf_ood", "feddf_ood_lr1e-5",
+                         "feddf_ood_tuned"]}
+
+
+def shown(method: str, scale: Scale) -> bool:
+    """Whether ``method`` is a row of Table 5 at ``scale`` (see PAPER_SCALE_ONLY)."""
+    return method not in PAPER_SCALE_ONLY or scale.name == "paper"
 PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
     "cifar10": {
         "center": ["42.1±0.1"], "fedft": ["44.3±0.5", "47.4±0.2", "46.9±0.6", "51.3±0.6"],
@@ -222,7 +236,8 @@ PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
         "feddle_ood": ["81.4±2.4", "86.1±2.0", "85.1±0.8", "88.2±1.3"]},
 }
 for _rows in PAPER.values():  # the paper reports FedDF once, at its tuned rate: beside both of our rates
-    _rows["feddf_id_lr1e-5"], _rows["feddf_ood_lr1e-5"] = _rows["feddf_id"], _rows["feddf_ood"]
+    for _rate in ("lr1e-5", "tuned"):
+        _rows[f"feddf_id_{_rate}"], _rows[f"feddf_ood_{_rate}"] = _rows["feddf_id"], _rows["feddf_ood"]
 NO_SEARCH_START = ["algorithm.fallback_init=false", "algorithm.regularization=0.0"]
 ABLATION = [
     # Table 3, cumulative; the paper (ResNet18, CIFAR-10, Dir(0.1)/N(20)): (in-domain, out-of-domain)
@@ -425,6 +440,8 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
                   "| method | ID | " + " | ".join(f"Dir({a})/N({s}) paper | ours" for a, s in COLUMNS) + " |",
                   "|---|---|" + "---|---|" * len(COLUMNS)]
         for method, (label, data, _) in METHODS.items():
+            if not shown(method, scale):
+                continue
             row = []
             for k, (a, s) in enumerate(COLUMNS):
                 paper = PAPER[dataset][method]
@@ -624,7 +641,7 @@ def claims(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
             found = []
             for k, (a, s) in enumerate(COLUMNS):
                 ours = scores(runs, dataset, a, s, method, seeds)
-                for rival in rivals:
+                for rival in filter(lambda m: shown(m, scale), rivals):
                     gain = paper_mean(PAPER[dataset][method][k]) - paper_mean(PAPER[dataset][rival][
                         0 if rival == "center" else k])
                     found.append(Claim(f"{METHODS[method][0].strip('*')} beats {METHODS[rival][0]}, "
@@ -692,8 +709,11 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error("--part tune: the server-rate grid is the paper's scale's (--scale paper)")
             jobs += [(runs.parent / folder, *job) for folder, *job in tuning_jobs()]
         if "table" in args.part:
+            methods = [m for m in args.methods if shown(m, scale)]
+            if not methods:
+                parser.error(f"--methods: {args.methods} run at the paper's scale only (--scale paper)")
             jobs += [(runs, *job) for job in table_jobs(args.datasets, args.alphas, args.sigmas, args.seeds,
-                                                        args.methods, scale.tuned)]
+                                                        methods, scale.tuned)]
         for dataset in args.datasets:
             jobs += [(runs, *job) for job in study_jobs(dataset, args.part)]
             jobs += [(runs, *job) for job in feddf_jobs(dataset)] if "feddf_lr" in args.part else []

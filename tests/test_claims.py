@@ -177,6 +177,25 @@ def test_feddles_note_names_only_what_ran_before_the_records_and_has_not_rerun(t
     assert feddle_table.pre_records_note(tmp_path, "fashion_mnist", paper) == []
     assert feddle_table.pre_records_note(tmp_path, "cifar10", cpu) == []
 
+def test_feddfs_tuned_rows_take_fedbuffs_tuned_server_rate_at_the_papers_scale_only():
+    import feddle_table
+
+    from fedjax_lab.experiments.config import load_config
+
+    cpu, paper = feddle_table.SCALES["cpu"], feddle_table.SCALES["paper"]
+
+    def config(method):
+        (_, path, overrides), = feddle_table.table_jobs(["cifar10"], [0.1], [20], [0], [method], paper.tuned)
+        return load_config(path, [*paper.overrides, *overrides]).algorithm
+
+    tuned, fedbuff = config("feddf_id_tuned"), config("fedbuff")
+    assert (tuned.name, tuned.learning_rate) == ("feddf", 1e-5)
+    assert tuned.server_learning_rate == fedbuff.server_learning_rate == 0.1
+    assert config("feddf_id_lr1e-5").server_learning_rate == 1.0
+    shown = [feddle_table.shown(m, s) for m in ("feddf_id_tuned", "feddf_id_lr1e-5") for s in (cpu, paper)]
+    assert shown == [False, True, True, True]
+
+
 def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_papers_scale(tmp_path):
     import fedimpro_table
 
