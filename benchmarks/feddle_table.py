@@ -200,6 +200,8 @@ RIVALS = {"feddle_id": ["center", "fedft", "hfcl", "feddf_id", "feddf_id_lr1e-5"
 def shown(method: str, scale: Scale) -> bool:
     """Whether ``method`` is a row of Table 5 at ``scale`` (see PAPER_SCALE_ONLY)."""
     return method not in PAPER_SCALE_ONLY or scale.name == "paper"
+
+
 PAPER = {  # Table 5: dataset -> method -> the four columns (Center: one number)
     "cifar10": {
         "center": ["42.1±0.1"], "fedft": ["44.3±0.5", "47.4±0.2", "46.9±0.6", "51.3±0.6"],
@@ -710,8 +712,9 @@ def main(argv: list[str] | None = None) -> None:
             jobs += [(runs.parent / folder, *job) for folder, *job in tuning_jobs()]
         if "table" in args.part:
             methods = [m for m in args.methods if shown(m, scale)]
-            if not methods:
-                parser.error(f"--methods: {args.methods} run at the paper's scale only (--scale paper)")
+            if args.methods != list(METHODS) and methods != args.methods:
+                parser.error(f"--methods: {[m for m in args.methods if m not in methods]} run at the paper's "
+                             "scale only (--scale paper)")
             jobs += [(runs, *job) for job in table_jobs(args.datasets, args.alphas, args.sigmas, args.seeds,
                                                         methods, scale.tuned)]
         for dataset in args.datasets:

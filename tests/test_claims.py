@@ -194,6 +194,8 @@ def test_feddfs_tuned_rows_take_fedbuffs_tuned_server_rate_at_the_papers_scale_o
     assert config("feddf_id_lr1e-5").server_learning_rate == 1.0
     shown = [feddle_table.shown(m, s) for m in ("feddf_id_tuned", "feddf_id_lr1e-5") for s in (cpu, paper)]
     assert shown == [False, True, True, True]
+    with pytest.raises(SystemExit):  # named at CPU scale: an error, before any run
+        feddle_table.main(["--datasets", "cifar10", "--methods", "fedavg", "feddf_id_tuned"])
 
 
 def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_papers_scale(tmp_path):
