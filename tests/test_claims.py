@@ -177,6 +177,7 @@ def test_feddles_note_names_only_what_ran_before_the_records_and_has_not_rerun(t
     assert feddle_table.pre_records_note(tmp_path, "fashion_mnist", paper) == []
     assert feddle_table.pre_records_note(tmp_path, "cifar10", cpu) == []
 
+
 def test_feddfs_tuned_rows_take_fedbuffs_tuned_server_rate_at_the_papers_scale_only():
     import feddle_table
 
