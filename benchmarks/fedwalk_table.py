@@ -344,10 +344,11 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
              CLAIMS_RULE, "",
              ("Ours: the best test accuracy over the evaluations (%; the paper reports the best round), the "
               "number [fedwalk_results.md](fedwalk_results.md) shows, from the runs' records "
-              "(`benchmarks/results/records/fedwalk.jsonl.gz`). Our scale: a simple-CNN trained from scratch "
-              "(the paper: ResNet-18 pre-trained on ImageNet), 100 clients, 20 a round, 5 local steps of 32, "
-              f"as the paper; 50 or {PAPER_ROUNDS} rounds (the paper: {PAPER_ROUNDS}). Not judged: the tau "
-              "sweeps (single-seed ablations)."), ""]
+              "(`benchmarks/results/records/fedwalk.jsonl.gz`). Our scale: a simple-CNN, trained from "
+              f"scratch or, in the pre-trained table, from {PRETRAINED_STEPS} leash steps on 20 CIFAR-100 "
+              "classes (the paper: ResNet-18 pre-trained on ImageNet), 100 clients, 20 a round, 5 local "
+              f"steps of 32, as the paper; 50 or {PAPER_ROUNDS} rounds (the paper: {PAPER_ROUNDS}). Not "
+              "judged: the tau sweeps (single-seed ablations)."), ""]
     for table, (title, *_rest) in TABLES.items():
         claims = table2_claims(results, seeds, table)
         if any(c.method for c in claims):
