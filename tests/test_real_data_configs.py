@@ -299,7 +299,8 @@ def test_fedcog_paper_scale_configs_build_and_shape_check(name):
 @pytest.mark.parametrize("name", ["paper_cifar10", "cpu_fashion_mnist"])
 def test_fedimpro_configs_build_and_shape_check(name):
     """Table 1's setting (ResNet-18 split after layer2, 10 clients, 5 a round) compiles to the right shapes:
-    the shared statistics are [classes, features at the split]; the baselines build from the same config."""
+    the shared statistics are [classes, features at the split]; the baselines' configs validate from the same
+    file, and build on the small one."""
     import jax
 
     from fedjax_lab.experiments import load_config
@@ -310,5 +311,7 @@ def test_fedimpro_configs_build_and_shape_check(name):
     stats = out.server_state.components["fedimpro"].stats
     features = 16 * 4 * 4 if name == "cpu_fashion_mnist" else 128 * 16 * 16
     assert stats.mean.shape == (experiment.dataset.num_classes, features)
-    for baseline in ("{name: scaffold}", "{name: fednova}"):
-        build_experiment(load_config(f"configs/fedimpro/{name}.yaml", [f"algorithm={baseline}"]))
+    for baseline in ("{name: scaffold}", "{name: fednova}"):  # tracing ResNet-18 again adds nothing here
+        config = load_config(f"configs/fedimpro/{name}.yaml", [f"algorithm={baseline}"])
+        if name == "cpu_fashion_mnist":
+            build_experiment(config)

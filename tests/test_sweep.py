@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_lab.data import load_partition
 from fedjax_lab.experiments import build_experiment, run_experiment, validate
 from fedjax_lab.experiments.cli import main
 from fedjax_lab.experiments.config import split_grid_args
@@ -122,6 +123,12 @@ def test_sweep_from_the_command_line_writes_a_table_a_plot_and_resumable_run_dir
     assert "client.learning_rate=0.05 | 2 |" in out and (sweep_dir / "curves.png").stat().st_size > 1000
     report = json.loads((sweep_dir / "sweep.json").read_text())
     assert len(report["members"]) == 4 and len(report["settings"]) == 2
+    # the members share one partition, drawn once; each reloadable file names its member's seed
+    members = [sweep_dir / m["member"] for m in report["members"]]
+    assert len({(m / "partition.md").read_text() for m in members}) == 1
+    assert len({(m / "partition.png").read_bytes() for m in members}) == 1
+    assert [load_partition(m / "partition.npz")[1]["seed"] for m in members] == [
+        m["seed"] for m in report["members"]]
     assert main(["sweep", str(path), "seed=0,1", "--sweep-dir", str(sweep_dir)]) == 2
     assert "already holds a sweep" in capsys.readouterr().err
 

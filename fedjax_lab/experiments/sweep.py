@@ -415,8 +415,9 @@ def _start_members(program: SweepProgram, members: list[Member], directories: li
     experiment, states = program.experiment, program.initial_states()
     for i, (member, d) in enumerate(zip(members, directories)):
         write_atomically(d.config_path, to_yaml(member.config))
-        with naming(d.path / "partition.*"):
-            write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed})
+        with naming(d.path / "partition.*"):  # one dataset for every member: drawn once
+            write_partition_report(experiment.dataset, d.path, {"seed": member.config.seed},
+                                   drawn_in=directories[0].path if i else None)
         d.metrics_path.write_text("")
         d.append_metrics([{"round": 0, **experiment.evaluate_params(member_params(experiment, states, i))}])
     return states, [None] * len(members)
