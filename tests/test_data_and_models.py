@@ -74,3 +74,22 @@ def test_features_and_head_compose_to_the_model():
     h = clf.module.apply(params, x, method="features")
     assert h.shape == (2, 5)
     np.testing.assert_allclose(clf.module.apply(params, h, method="head"), clf.predict(params, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_standardize_fits_each_channels_mean_and_std_of_the_training_images(dtype):
+    """Per channel (the last axis), from the pixels in float64 (integer images scaled by 1/255), whatever the
+    chunk: integer images are summed exactly, so a chunk that splits an image changes nothing."""
+    from fedjax_lab.models import Standardize
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (37, 5, 7, 3)).astype(dtype)
+    images[..., 1] //= 4  # channels of different spread
+    pixels = images.reshape(-1, 3).astype(np.float64) / (255.0 if dtype == np.uint8 else 1.0)
+    for chunk in (1 << 20, 100, 1):
+        fitted = Standardize.fit(images, chunk=chunk)
+        np.testing.assert_allclose(fitted.mean, pixels.mean(0), rtol=1e-12)
+        np.testing.assert_allclose(fitted.std, pixels.std(0), rtol=1e-10)
+    x = images[:4]
+    np.testing.assert_allclose(np.asarray(fitted(x)), (pixels[:4 * 35].reshape(x.shape) - pixels.mean(0))
+                               / pixels.std(0), rtol=1e-4, atol=1e-5)
