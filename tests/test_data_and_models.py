@@ -78,8 +78,8 @@ def test_features_and_head_compose_to_the_model():
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_standardize_fits_each_channels_mean_and_std_of_the_training_images(dtype):
-    """Per channel (the last axis), from the pixels in float64 (integer images scaled by 1/255), whatever the
-    chunk: integer images are summed exactly, so a chunk that splits an image changes nothing."""
+    """Per channel (the last axis), as NumPy computes it from the pixels in float64 (integer images scaled
+    by 1/255), whatever the chunk size, and the transform applies those statistics."""
     from fedjax_lab.models import Standardize
 
     rng = np.random.default_rng(0)

