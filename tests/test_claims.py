@@ -148,6 +148,31 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
 
 
+def test_bherds_decisive_cnn_moves_to_all_of_mnist_only_in_a_case_whose_seeds_have_all_finished(tmp_path):
+    import bherd_table
+
+    def curve(name, loss):
+        fake_curve(tmp_path / name, [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 1.0},
+                                     {"round": 50, "test_accuracy": 0.9, "full_train_loss": loss}])
+
+    for seed in range(3):
+        curve(f"cnn10/case3/fedavg/seed{seed}", 0.5)
+        curve(f"cnn10/case3/bherd/seed{seed}", 0.4)
+    curve("cnn_full/case3/fedavg/seed0", 0.3)
+    curve("cnn_full/case3/bherd/seed0", 0.2)
+    curve("cnn_full/case1/fedavg/seed0", 0.3)
+    assert bherd_table.decisive_cnn(tmp_path, [0, 1, 2]) == ("cnn10", (3,))  # one seed of three
+    assert "6,000 of the 60,000 rows" in bherd_table.decisive(tmp_path).ours
+    for seed in (1, 2):
+        curve(f"cnn_full/case3/fedavg/seed{seed}", 0.3)
+        curve(f"cnn_full/case3/bherd/seed{seed}", 0.2)
+    assert bherd_table.decisive_cnn(tmp_path, [0, 1, 2]) == ("cnn_full", (3,))  # case 1 lacks BHerd
+    summary = bherd_table.decisive(tmp_path)
+    assert "all 60,000 rows at B = 100 for 150 of its 500 rounds, case 3 (30 %" in summary.ours
+    assert [c.text for c in summary.claims] == [
+        "CNN: BHerd-FedAvg (alpha 0.5) lower than FedAvg (RR) over rounds 1-50, case 3"]
+
+
 def test_bherds_figure_is_written_only_when_one_of_its_methods_ran(tmp_path):
     import bherd_table
 

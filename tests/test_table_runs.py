@@ -433,6 +433,9 @@ def test_bherds_full_mnist_cnn_runs_the_papers_federation_and_local_work_for_150
                 c.rounds.num_rounds) == ("bherd_cnn", None, 100, 1, 150), name
         names.append(name)
     assert names == [f"cnn_full/case{k}/{m}/seed0" for k in (1, 2, 3) for m in ("fedavg", "bherd")]
+    case3 = [name for name, *_ in bherd_table.jobs("cnn_full", [0, 1], ["fedavg"], cases=[3])]
+    assert case3 == ["cnn_full/case3/fedavg/seed0", "cnn_full/case3/fedavg/seed1"]
+    assert [name for name, *_ in bherd_table.jobs("cnn10", [0], ["fedavg"], cases=[1])] == []  # case 3 only
 
 
 def test_fedwalks_pretrained_table_pairs_arms_that_pretrain_alike_and_differ_in_the_leash_only():
