@@ -83,7 +83,7 @@ SCALED = ["dataset.subset=1000", "client.batch_size=5", "rounds.num_rounds=40", 
 TENTH = ["dataset.subset=6000", "client.batch_size=25", "rounds.num_rounds=150", "eval.every=10"]
 # The CNN at the paper's federation and local work: all 60,000 rows, B = 100 (tau = 101 to 176), for 150 of
 # its 500 rounds (30 % of its client work): a GPU's job (about 21 s a FedAvg round on this 2-core CPU).
-FULL = ["rounds.num_rounds=150", "eval.every=10"]
+FULL = ["rounds.num_rounds=150", "eval.every=10", "checkpoint.every_blocks=1"]
 PARTS = {  # part: (config, cases, extra overrides)
     "svm": ("svm_mnist.yaml", (1, 2, 3), []),
     "svm_lr": ("svm_mnist.yaml", (1, 2, 3), ["client.learning_rate=0.001"]),

@@ -73,6 +73,21 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
                                   _final_params(tmp_path / "split", experiment)[0])
 
 
+def test_a_resume_may_checkpoint_more_often_and_still_equals_the_uninterrupted_run(tmp_path):
+    rare = validate({**RAW, "checkpoint": {"every_blocks": 2}})
+    often = validate({**RAW, "checkpoint": {"every_blocks": 1}})
+    experiment = build_experiment(rare)
+    run_experiment(rare, tmp_path / "whole", progress=False, experiment=experiment)
+    run_experiment(rare, tmp_path / "split", progress=False, experiment=experiment, stop_after_round=5)
+    run_experiment(often, tmp_path / "split", progress=False, experiment=experiment, resume=True)
+    assert sorted(int(p.name) for p in (tmp_path / "split/checkpoints").iterdir()) == [4, 6]
+    np.testing.assert_array_equal(_final_params(tmp_path / "whole", experiment)[0],
+                                  _final_params(tmp_path / "split", experiment)[0])
+    other = validate({**RAW, "checkpoint": {"every_blocks": 1}, "client": {**RAW["client"], "batch_size": 5}})
+    with pytest.raises(ConfigError, match=r"config.yaml in\n  client.batch_size: 4 stored, 5 given\n"):
+        run_experiment(other, tmp_path / "split", progress=False, resume=True)
+
+
 def test_existing_run_needs_resume_or_overwrite_and_resume_needs_same_config(tmp_path, config, experiment):
     run_experiment(config, tmp_path, progress=False, experiment=experiment, stop_after_round=2)
     with pytest.raises(ConfigError, match="already holds a run; pass --resume"):

@@ -812,8 +812,9 @@ def to_yaml(config: Config) -> str:
 
 
 RESULT_FREE = ("parallel.coordinator_address", "parallel.process_id", "parallel.init_timeout_s",
-               "parallel.memory_budget_gb", "checkpoint.keep")
-"""Fields that never change a run's results: a resume may change them."""
+               "parallel.memory_budget_gb", "checkpoint.keep", "checkpoint.every_blocks")
+"""Fields that never change a run's results: a resume may change them (a resumed run equals an
+uninterrupted one wherever its checkpoints fall: a run that checkpoints too rarely may resume with more)."""
 
 
 def config_differences(stored: dict, given: dict, prefix: str = "") -> list[str]:
