@@ -128,8 +128,8 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
 def jobs(part: str, seeds, methods, cases=None):
     """The runs of ``part``: (name, config file, overrides) for each case, seed and method, case by case.
 
-    ``cases`` keeps some of the part's partition cases (all of them by default; the ``cnn_full`` case 3 runs
-    alone on a CPU, a GPU's job otherwise)."""
+    ``cases`` keeps some of the part's partition cases (all of them by default), e.g. ``cnn_full``'s case 3,
+    the one the paper discusses, alone."""
     if part == "alpha":
         for case in cases or (1, 2, 3):
             for seed in seeds:
