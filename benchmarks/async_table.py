@@ -18,11 +18,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 from records import Keep
-from table_runs import collect, evaluations, finished, run_directories, run_once, write_report
+from table_runs import collect, evaluations, finished, run_directories, run_once, run_script, write_report
 from table_runs import mean_std as cell
 
 from fedjax_lab.experiments import load_config
@@ -139,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

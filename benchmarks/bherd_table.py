@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ from table_runs import (
     has_runs,
     plot_bands,
     run_once,
+    run_script,
     seed_curves,
     sizes,
     write_report,
@@ -580,4 +582,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -37,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,7 @@ from table_runs import (
     mean_std,
     plot_bands,
     run_once,
+    run_script,
     seed_curves,
     seeds_on_disk,
     summary,
@@ -506,4 +508,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,7 @@ from table_runs import (
     plot_bands,
     records_of,
     run_once,
+    run_script,
     seed_curves,
     seeds_on_disk,
     write_report,
@@ -734,4 +736,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

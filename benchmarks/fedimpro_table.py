@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,7 @@ from table_runs import (
     ours_at_either_scale,
     plot_bands,
     run_once,
+    run_script,
     seed_curves,
     seeds_on_disk,
     write_report,
@@ -552,4 +554,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -34,12 +34,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from records import Keep
-from table_runs import CLAIMS_RULE, Claim, Decisive, claims_table, collect, metrics, plot_bands, run_once
+from table_runs import (
+    CLAIMS_RULE,
+    Claim,
+    Decisive,
+    claims_table,
+    collect,
+    metrics,
+    plot_bands,
+    run_once,
+    run_script,
+)
 from table_runs import record as run_record
 from table_runs import summary as run_summary
 from table_runs import write_report as write_markdown
@@ -529,4 +540,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

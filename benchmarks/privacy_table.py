@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ from table_runs import (
     metrics,
     plot_bands,
     run_once,
+    run_script,
     summary,
     write_report,
 )
@@ -188,4 +190,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -19,7 +19,9 @@ leaves, naming the file to remove.
 
 A run that a killed copy left unfinished resumes from its last checkpoint when its directory holds the same
 config (the runner's resume, which ends where a run never stopped ends) instead of starting again. Its summary
-says where it resumed and under which commit (``resumed``); a forked run keeps its ``forked_from``.
+says where it resumed and under which commit (``resumed``); a forked run keeps its ``forked_from``. A copy
+stopped by Ctrl-C or SIGTERM finishes its block, writes a checkpoint and ends with one line saying how to go
+on (``run_script``), not a traceback.
 
 The readers below (``finished``, ``evaluations``, ``metrics``, ``summary``, ``arrays``, ``sizes``, ``config``,
 ``has_runs``, ...) take a run either as ``records / name`` (``records`` as ``collect`` returns them) or as the
@@ -42,11 +44,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
+import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -57,6 +61,7 @@ from records import Keep, Record
 
 from fedjax_lab.experiments import Config, run_experiment
 from fedjax_lab.experiments.run_directory import write_atomically
+from fedjax_lab.experiments.signals import RunInterrupted
 from fedjax_lab.experiments.statistics import describe, paired_difference, verdict
 
 RECORDS = Path(__file__).resolve().parent / "results" / "records"
@@ -255,6 +260,21 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
         keep(run_dir, records_of(runs), name, spec, commit=origin.get("commit", commit))
     return summary, time.perf_counter() - start
 
+
+
+def run_script(main: Callable[[], Any]) -> int:
+    """Runs a table script's ``main`` and returns its exit status: 0, or ``128 + signal`` when a signal
+    stopped a run (after its block: its checkpoint and metrics are on disk and its claim is released). The
+    stop is then one line on stderr naming the run and saying that the same command resumes it, since
+    ``run_once`` resumes an unfinished run, not ``RunInterrupted``'s traceback and its ``fedjax-lab``
+    command, which would leave the record unkept."""
+    try:
+        main()
+    except RunInterrupted as stop:
+        print(f"{Path(sys.argv[0]).name}: {signal.Signals(stop.signum).name} stopped the run in "
+              f"{stop.run_dir} after round {stop.last_round}; the same command resumes it", file=sys.stderr)
+        return 128 + stop.signum
+    return 0
 
 EXPERIMENT = ("seed", "dataset.", "model.", "algorithm.", "client.", "rounds.num_rounds",
               "rounds.clients_per_round", "rounds.sampling_rate", "asynchrony.", "privacy.")

@@ -562,3 +562,37 @@ def test_a_claim_of_a_live_copy_or_of_one_that_cannot_be_checked_is_left_and_nam
     assert f"a: skipped, claimed by process {os.getpid()}" in out
     assert "b: skipped, claimed by another-host" in out and "remove it if no copy runs this cell" in out
     assert (runs / ".claims" / "a").exists() and (runs / ".claims" / "b").exists()
+
+
+def test_a_copy_stopped_by_a_signal_ends_with_a_line_and_128_plus_it_and_the_same_command_resumes_the_run(
+        tmp_path, records, monkeypatch, capsys):
+    """``run_script``: a signal's stop (the runner's ``RunInterrupted``, after its checkpoint) is one line on
+    stderr and exit status 143 for SIGTERM, not a traceback; the claim is released, and running the script
+    again resumes the run and keeps its record."""
+    import signal
+
+    from fedjax_lab.experiments import run_experiment
+    from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.signals import RunInterrupted
+
+    config, runs = validate(TINY), tmp_path / "runs"
+
+    def stopped_after_round_2(config, run_dir, **kwargs):
+        run_experiment(config, run_dir, **kwargs, stop_after_round=2)
+        raise RunInterrupted(run_dir, 2, signal.SIGTERM)
+
+    def script():
+        table_runs.run_once(runs, "a/seed0", config)
+
+    monkeypatch.setattr(table_runs, "run_experiment", stopped_after_round_2)
+    assert table_runs.run_script(script) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"SIGTERM stopped the run in {runs / 'a/seed0'} after round 2; the same command resumes it" in err
+    assert not (runs / ".claims" / "a__seed0").exists() and not (runs / "a/seed0/summary.json").exists()
+    monkeypatch.setattr(table_runs, "run_experiment", run_experiment)
+    assert table_runs.run_script(script) == 0
+    kept = table_runs.collect(runs) / "a/seed0"
+    assert [r["round"] for r in table_runs.summary(kept)["resumed"]] == [2]
+    with pytest.raises(ValueError, match="not a stop"):  # anything else still fails loudly
+        table_runs.run_script(lambda: (_ for _ in ()).throw(ValueError("not a stop")))
