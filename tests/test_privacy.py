@@ -304,3 +304,20 @@ def test_a_chunk_that_does_not_divide_the_poisson_slots_is_refused_naming_both_f
                        "privacy": {**RAW["privacy"], "accountant": "pld", "max_clients": 8}})
     with pytest.raises(ConfigError, match="rounds.chunk_size=5 .*8 slots.*privacy.max_clients"):
         build_experiment(config)
+
+
+def test_a_run_without_privacy_settings_does_not_import_the_accountant():
+    """dp-accounting (with SciPy's signal and optimisation modules, about 2.5 s) is imported only for a
+    config with privacy settings: a fresh process that builds a run without them leaves it out."""
+    import subprocess
+    import sys
+
+    raw = {k: v for k, v in RAW.items() if k != "privacy"}
+    program = ("import json, sys\n"
+               "from fedjax_lab.experiments import build_experiment, validate\n"
+               "import fedjax_lab.experiments.cli, fedjax_lab.experiments.runner\n"
+               "import fedjax_lab.experiments.sweep\n"
+               f"build_experiment(validate(json.loads({json.dumps(json.dumps(raw))})))\n"
+               "print(sorted(m for m in ('dp_accounting', 'scipy.signal') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", program], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

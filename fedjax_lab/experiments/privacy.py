@@ -5,15 +5,24 @@ budget check, and the epsilon reported beside the metrics."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fedjax_lab.experiments.config import Config, ConfigError
-from fedjax_lab.privacy import accounting
+
+if TYPE_CHECKING:
+    from fedjax_lab.privacy import accounting
+
+# ``accounting`` is imported where a config has privacy settings: dp-accounting brings SciPy's signal and
+# optimisation modules, about 2.5 s, which a run without privacy (and each process that builds one) need not
+# pay.
 
 
 def mechanism_of(config: Config, num_clients: int,
                  noise_multiplier: float | None = None) -> accounting.Mechanism:
     """The accountant's view of ``config``'s run over ``num_clients`` clients (the noise multiplier given,
     else the config's)."""
+    from fedjax_lab.privacy import accounting
+
     p = config.privacy
     expected = config.rounds.clients_per_round
     if p.sampling == "fixed":
@@ -38,6 +47,8 @@ def resolve(config: Config, num_clients: int) -> Config:
     p, rounds = config.privacy, config.rounds.num_rounds
     if p is None:
         return config
+    from fedjax_lab.privacy import accounting
+
     if p.noise_multiplier is None:
         try:
             z = accounting.calibrate(mechanism_of(config, num_clients, 1.0), rounds, p.target_epsilon,
@@ -61,6 +72,8 @@ def epsilons(config: Config, num_clients: int) -> Mapping[int, float]:
     goes (none without noise: ε is infinite, and the run's summary says so)."""
     if config.privacy is None or not config.privacy.noise_multiplier:
         return {}
+    from fedjax_lab.privacy import accounting
+
     return accounting.epsilon_curve(mechanism_of(config, num_clients), config.rounds.num_rounds,
                                     config.privacy.delta)
 
@@ -74,6 +87,8 @@ def privacy_summary(config: Config, num_clients: int) -> dict | None:
     """
     if config.privacy is None:
         return None
+    from fedjax_lab.privacy import accounting
+
     p, mechanism = config.privacy, mechanism_of(config, num_clients)
     spent = accounting.epsilon(mechanism, config.rounds.num_rounds, p.delta) if p.noise_multiplier else None
     return {"epsilon": spent, "delta": p.delta,
