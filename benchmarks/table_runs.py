@@ -261,13 +261,14 @@ def run_once(runs: Path, name: str, config: Config, spec: Keep = EVALUATIONS,
     return summary, time.perf_counter() - start
 
 
-
 def run_script(main: Callable[[], Any]) -> int:
     """Runs a table script's ``main`` and returns its exit status: 0, or ``128 + signal`` when a signal
-    stopped a run (after its block: its checkpoint and metrics are on disk and its claim is released). The
-    stop is then one line on stderr naming the run and saying that the same command resumes it, since
-    ``run_once`` resumes an unfinished run, not ``RunInterrupted``'s traceback and its ``fedjax-lab``
-    command, which would leave the record unkept."""
+    stopped a run after its block (its metrics and checkpoint written, its claim released).
+
+    The stop is one line on stderr naming the run and its round. Rerunning the script is how to go on, since
+    ``run_once`` resumes an unfinished run and keeps its record; the ``fedjax-lab --resume`` command in
+    ``RunInterrupted``'s message would finish the run without keeping it.
+    """
     try:
         main()
     except RunInterrupted as stop:
@@ -275,6 +276,7 @@ def run_script(main: Callable[[], Any]) -> int:
               f"{stop.run_dir} after round {stop.last_round}; the same command resumes it", file=sys.stderr)
         return 128 + stop.signum
     return 0
+
 
 EXPERIMENT = ("seed", "dataset.", "model.", "algorithm.", "client.", "rounds.num_rounds",
               "rounds.clients_per_round", "rounds.sampling_rate", "asynchrony.", "privacy.")
