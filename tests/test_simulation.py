@@ -81,3 +81,30 @@ def test_cohort_plan_rejects_cohort_larger_than_population():
         CohortPlan(num_clients=5, cohort_size=6)
     with pytest.raises(ValueError, match="chunk_size must divide"):
         CohortPlan(num_clients=10, cohort_size=6, chunk_size=4)
+
+
+def test_a_build_traces_the_clients_training_once_for_all_its_blocks_and_computes_the_same(monkeypatch):
+    """The build's message shapes, a block of 2 rounds and one of 1 (a streamed, chunked cohort) trace the
+    local training once between them, and run exactly what rounds tracing it afresh each time run."""
+    import fedjax_lab.engine.round as round_module
+    from fedjax_lab.engine.simulation import client_update_of
+    from fedjax_lab.experiments import build_experiment, load_config
+
+    traces = []
+    train_locally = round_module.train_locally
+    monkeypatch.setattr(round_module, "train_locally",
+                        lambda *args, **kwargs: traces.append(1) or train_locally(*args, **kwargs))
+    experiment = build_experiment(load_config("configs/synthetic_fedavg.yaml", [
+        "rounds.clients_per_round=10", "rounds.chunk_size=5", "client.local_epochs=1"]))
+    assert experiment.plan.streams(experiment.algorithm)
+    state, first = experiment.run_rounds(experiment.initial_state(), experiment.inputs, num_rounds=2)
+    state, second = experiment.run_rounds(state, experiment.inputs, num_rounds=1)
+    assert len(traces) == 1
+
+    afresh = make_run_rounds(experiment.algorithm_at, experiment.plan,
+                             client_update=client_update_of(experiment.algorithm_at))
+    expected, expected_first = afresh(experiment.initial_state(), experiment.inputs, num_rounds=2)
+    expected, expected_second = afresh(expected, experiment.inputs, num_rounds=1)
+    assert len(traces) == 1 + 2  # each block traced afresh
+    for got, want in ((state, expected), (first, expected_first), (second, expected_second)):
+        jax.tree.map(np.testing.assert_array_equal, got, want)

@@ -48,19 +48,24 @@ def _map_local(fn: Callable[..., Any], chunk_size: int | None, reduce: Callable[
             return jax.vmap(fn)(*stacked)
         return _unchunked(jax.lax.map(lambda args: jax.vmap(fn)(*args), _chunked(stacked, num_chunks)))
 
-    def one_chunk(total, args):
+    def chunk_sums(args):
         first, *rest = jax.vmap(fn)(*args)
-        sums = reduce(first, *args)
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-        return total, tuple(rest)
+        return reduce(first, *args), tuple(rest)
 
     if num_chunks == 1:
-        total, rest = one_chunk(None, stacked)
+        total, rest = chunk_sums(stacked)
         return (total, *rest)
     chunks = _chunked(stacked, num_chunks)
+    # Tracing the clients' work is most of a build's time: jitted, the chunk is traced once, for the shapes of
+    # the running total, and the scan's body reuses that trace from JAX's cache (XLA inlines the call).
+    chunk_sums = jax.jit(chunk_sums)
     first_chunk = jax.tree.map(lambda x: x[0], chunks)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         jax.eval_shape(lambda args: one_chunk(None, args)[0], first_chunk))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(chunk_sums, first_chunk)[0])
+
+    def one_chunk(total, args):
+        sums, rest = chunk_sums(args)
+        return jax.tree.map(jnp.add, total, sums), rest
+
     total, rest = jax.lax.scan(one_chunk, zeros, chunks)
     return (total, *_unchunked(rest))
 
@@ -87,14 +92,14 @@ def map_cohort(fn: Callable[..., Any], chunk_size: int | None, *stacked: Any,
 
     def local(replicated, *share):
         out = _map_local(functools.partial(fn, *replicated), chunk_size, reduce, share)
-        if reduce is not None:
-            out = (jax.lax.psum(out[0], CLIENTS), *out[1:])
-        return out
+        if reduce is None:
+            return out
+        return jax.lax.psum(out[0], CLIENTS), tuple(out[1:])
 
-    specs = P(CLIENTS)
-    if reduce is not None:
-        one_device = functools.partial(_map_local, functools.partial(fn, *shared), None, reduce)
-        num_outputs = len(jax.eval_shape(lambda *s: one_device(s), *stacked))
-        specs = (P(), *[P(CLIENTS)] * (num_outputs - 1))
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), *(P(CLIENTS) for _ in stacked)), out_specs=specs,
-                         axis_names={CLIENTS}, check_vma=False)(tuple(shared), *stacked)
+    in_specs = (P(), *(P(CLIENTS) for _ in stacked))
+    sharded = functools.partial(jax.shard_map, local, mesh=mesh, in_specs=in_specs, axis_names={CLIENTS},
+                                check_vma=False)
+    if reduce is None:
+        return sharded(out_specs=P(CLIENTS))(tuple(shared), *stacked)
+    total, rest = sharded(out_specs=(P(), P(CLIENTS)))(tuple(shared), *stacked)
+    return (total, *rest)

@@ -154,15 +154,25 @@ class CohortPlan:
         return store_capacity(self.num_clients, self.cohort_size, self.delay_model, self.max_in_flight)
 
 
-def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs) -> Any:
-    """The shapes of one client's message (``jax.eval_shape`` of ``client_update``; nothing is computed)."""
+def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs,
+                   client_update: Callable[..., Any] | None = None) -> Any:
+    """The shapes of one client's message (``jax.eval_shape`` of the client update; nothing is computed).
+
+    ``client_update``: the :func:`traced_once` function the rounds will run (``make_run_rounds``'s argument of
+    that name), traced here for round 0 with the arguments a round passes it: JAX keeps that trace, and the
+    round, which vmaps the same function over the cohort, reuses it instead of tracing the client's training
+    again.
+    """
 
     def message(params, inputs):
         server_state = algorithm.server_init(params)
+        client_state = algorithm.client_init(server_state)
         client = ClientData(jnp.zeros((), jnp.int32), inputs.client_example_ids[0],
                             inputs.client_num_examples[0], randomness.data_key(inputs.key, 0))
-        return algorithm.client_update(server_state, algorithm.client_init(server_state), client,
-                                       inputs.train_arrays, inputs.key)[0]
+        if client_update is not None:
+            key = randomness.client_key(inputs.key, jnp.zeros((), jnp.int32), 0)
+            return client_update(server_state, jnp.zeros((), jnp.int32), inputs, client_state, client, key)[0]
+        return algorithm.client_update(server_state, client_state, client, inputs.train_arrays, inputs.key)[0]
 
     return jax.eval_shape(message, params, inputs)
 
@@ -201,13 +211,23 @@ def client_update_of(algorithm: Algorithm | AlgorithmAt) -> Callable[..., Any]:
     return client_update
 
 
-def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopState, inputs: RoundInputs):
+def traced_once(algorithm: Algorithm | AlgorithmAt) -> Callable[..., Any]:
+    """:func:`client_update_of`, jitted: every trace of the round that calls this one function object with
+    the same shapes (each block length's, the memory check's, :func:`message_shapes`') reuses JAX's trace of
+    the client's training instead of tracing it again. Inside the compiled round XLA inlines the call, so the
+    program computes what the plain function would."""
+    return jax.jit(client_update_of(algorithm))
+
+
+def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopState, inputs: RoundInputs,
+              client_update: Callable[..., Any] | None = None):
     """One round: ``(state, inputs) -> (state, metrics)``. Pure; see the module docstring. ``algorithm`` is an
-    :class:`Algorithm`, or a function building one for the round (:data:`AlgorithmAt`)."""
+    :class:`Algorithm`, or a function building one for the round (:data:`AlgorithmAt`); ``client_update``, its
+    :func:`client_update_of` (default) or :func:`traced_once`."""
     r, algorithm_at = state.round, algorithm
     if callable(algorithm):
         algorithm = algorithm(inputs, r)
-    client_update = client_update_of(algorithm_at)
+    client_update = client_update or client_update_of(algorithm_at)
     if plan.asynchronous:
         return run_async_round(algorithm, dataclasses.replace(plan, delay=plan.delay_model), state, inputs,
                                client_update=client_update)
@@ -250,17 +270,20 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
 
 
 def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate: bool = False,
-                    compiler_options: dict[str, str] | None = None):
+                    compiler_options: dict[str, str] | None = None,
+                    client_update: Callable[..., Any] | None = None):
     """A jitted ``run_rounds(state, inputs, num_rounds) -> (state, metrics)``: ``num_rounds`` rounds in one
     ``lax.scan``; each metric comes back with a leading ``num_rounds`` axis. With ``donate`` the new state is
     written over the old one's buffers (the state passed in is deleted), so a large population's client states
     are held once, not twice. ``compiler_options`` go to XLA's compiler (e.g. the CPU's matrix-product
-    library)."""
+    library). ``client_update``: the algorithm's :func:`traced_once` (default: made here), passed when
+    :func:`message_shapes` traced it already."""
+    client_update = client_update or traced_once(algorithm)
 
     @functools.partial(jax.jit, static_argnames="num_rounds", donate_argnums=(0,) if donate else (),
                        compiler_options=compiler_options)
     def run_rounds(state: LoopState, inputs: RoundInputs, num_rounds: int):
-        return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs), state, None,
+        return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs, client_update), state, None,
                             length=num_rounds)
 
     return run_rounds

@@ -33,7 +33,7 @@ from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
-from fedjax_lab.engine.simulation import message_shapes
+from fedjax_lab.engine.simulation import message_shapes, traced_once
 from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.algorithms import is_reference, make_algorithm_at
 from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier, default_lowering
@@ -106,6 +106,7 @@ class Experiment:
     epsilons: Mapping[int, float] = dataclasses.field(default_factory=dict)  # ε after each round
     layout: dict = dataclasses.field(default_factory=dict)  # how the layout was chosen (layout.choose_layout)
     cpu_matmul: str | None = None  # the training program's matrix-product library on a CPU (None elsewhere)
+    client_update: Any = None  # the rounds' client update (simulation.traced_once), traced once for all
 
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
@@ -252,7 +253,8 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
     )
     evaluators = build_evaluators(config, classifier, dataset, algorithm_at, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
-    messages = message_shapes(algorithm, classifier.variable_shapes, inputs)
+    client_update = traced_once(algorithm_at)
+    messages = message_shapes(algorithm, classifier.variable_shapes, inputs, client_update)
     if plan.asynchronous:
         try:
             check_store_memory(messages, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)
@@ -260,10 +262,12 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
             raise ConfigError(str(exc)) from None
     matmul = cpu_matmul(config)
     run_rounds = make_run_rounds(algorithm_at, plan, donate=True,
-                                 compiler_options=layout.compiler_options(matmul))
+                                 compiler_options=layout.compiler_options(matmul),
+                                 client_update=client_update)
     experiment = Experiment(config, dataset, classifier, algorithm, plan, inputs, evaluators.test, run_rounds,
                             algorithm_at, evaluators.train, evaluators.local, evaluators.dissimilarity,
-                            messages, privacy.epsilons(config, dataset.num_clients), cpu_matmul=matmul)
+                            messages, privacy.epsilons(config, dataset.num_clients), cpu_matmul=matmul,
+                            client_update=client_update)
     if config.rounds.chunk_size is None and cohort > 1:
         experiment = _rematerialised_if_more_fit(fit_chunk_to_budget(experiment), dataset,
                                                  wanted=chunk_size or share)

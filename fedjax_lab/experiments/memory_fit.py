@@ -78,7 +78,8 @@ def fit_chunk_to_budget(experiment: Experiment, budget: int | None = None) -> Ex
 
 def _run_rounds(experiment: Experiment, plan):
     return make_run_rounds(experiment.algorithm_at, plan, donate=True,
-                           compiler_options=layout.compiler_options(experiment.cpu_matmul))
+                           compiler_options=layout.compiler_options(experiment.cpu_matmul),
+                           client_update=experiment.client_update)
 
 
 def check_memory(experiment: Experiment, budget: int | None = None) -> None:
