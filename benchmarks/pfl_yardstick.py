@@ -15,12 +15,18 @@ rate 1) in both, on the same machine and the same standardised images and users:
 ``--part speed``: blocks of ``--rounds`` rounds, the two ways alternating ``--reps`` times after a warm-up
 (compilation, first calls), seconds per round and their ratio. ``--part curve``: one run of ``--rounds``
 rounds in each way with the central test accuracy every ``--every`` rounds and the wall-clock time to reach
-it (evaluation not counted), so that time to accuracy can be read side by side. Both write JSON
-(``--out``). pfl is not a dependency of fedjax_lab::
+it (evaluation not counted), so that time to accuracy can be read side by side (``--ways`` runs one of
+them). ``--part layers``: the model's layers alone, the engine's convolution lowerings against PyTorch's
+(needs PyTorch beside fedjax_lab, not pfl). Each writes JSON (``--out``) with the commit and the machine.
+pfl is not a dependency of fedjax_lab::
 
     python -m venv /tmp/pflenv && /tmp/pflenv/bin/pip install pfl==0.6.0 torch
-    python benchmarks/pfl_yardstick.py --pfl-python /tmp/pflenv/bin/python --part speed --rounds 10 --reps 3
-    python benchmarks/pfl_yardstick.py --pfl-python /tmp/pflenv/bin/python --part curve --rounds 300
+    export PFL_PYTHON=/tmp/pflenv/bin/python
+    python benchmarks/pfl_yardstick.py --part speed --rounds 5 --reps 5
+    python benchmarks/pfl_yardstick.py --part curve --rounds 200 --every 20
+    python benchmarks/pfl_yardstick.py --part layers
+
+Results and what they mean: docs/benchmarks.md ("pfl-research itself beside the engine").
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ def pfl_worker(data: Path, rounds: int, warmup: int, every: int, threads: int, s
 # --- the driver: runs in fedjax_lab's environment -----------------------------------------------------------
 
 def build(overrides: list[str]):
+    """The engine's experiment of ``configs/pfl_cifar10.yaml`` with ``overrides``."""
     from fedjax_lab.experiments import load_config
     from fedjax_lab.experiments.build import build_experiment
 
@@ -188,6 +195,7 @@ def export_data(experiment, path: Path) -> None:
 
 
 def run_pfl(python: str, data: Path, rounds: int, warmup: int, every: int, threads: int, seed: int) -> dict:
+    """:func:`pfl_worker` in a process of ``python``; its JSON result (the last line it prints)."""
     out = subprocess.run([python, __file__, "--worker", "--data", str(data), "--rounds", str(rounds),
                           "--warmup", str(warmup), "--every", str(every), "--threads", str(threads),
                           "--seed", str(seed)], capture_output=True, text=True, check=False)
