@@ -4,7 +4,7 @@
 ``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and
 FedBuff on 1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), and a sweep of
 4 seeds with its members split over 1 and 4, and writes each run's final parameters' largest difference from
-the single-device run.
+the single-device run, and how many programs each sharded run's two blocks of rounds compiled.
 ``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
 ``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
 """
@@ -51,7 +51,7 @@ def devices(out: str) -> None:
     import numpy as np
 
     assert len(jax.devices()) == 4, jax.devices()
-    result = {}
+    result, compiles = {}, {}
     for name, change in METHODS.items():
         reference, _ = _final_params({**RAW, **change})
         # FedAvg on 2 devices, the whole share at once, and every method on 4, a client at a time
@@ -63,6 +63,7 @@ def devices(out: str) -> None:
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(reference),
                                                                     jax.tree.leaves(params)))
             result[f"{name} devices={num} chunk={chunk}"] = diff
+            compiles[f"{name} devices={num} chunk={chunk}"] = experiment.run_rounds._cache_size()
     from fedjax_lab.experiments.config import validate
     from fedjax_lab.experiments.sweep import build_sweep_program, expand
 
@@ -70,14 +71,17 @@ def devices(out: str) -> None:
     for num in (1, 4):
         members = expand(validate({**RAW, "parallel": {"devices": num}}), {"seed": [0, 1, 2, 3]})
         program = build_sweep_program(members, 1)
-        state = program.run(program.initial_states(), 2)[0]
+        state = program.run(program.initial_states(), 1)[0]
+        state = program.run(state, 1)[0]
+        if num > 1:
+            compiles[f"sweep devices={num}"] = program._run._cache_size()
         assert len(state.round.sharding.device_set) == num, state.round.sharding  # the members are split
         states[num] = jax.device_get(state.server_state)
     for num in (4,):
         result[f"sweep devices={num}"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
             jax.tree.leaves(states[1]), jax.tree.leaves(states[num])))
     with open(out, "w") as f:
-        json.dump(result, f)
+        json.dump({"diffs": result, "compiles": compiles}, f)
 
 
 def process(index: int, count: int, address: str, run_dir: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fedjax_lab import models
 from fedjax_lab.data import FederatedDataset
@@ -112,8 +112,14 @@ class Experiment:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
         ``server_init`` may move it further, as FedWalk's pre-training does)."""
         params = self.classifier.init(randomness.init_key(self.inputs.key))
-        return init_loop_state(self.algorithm, params, self.dataset.num_clients, self.plan, self.inputs,
-                               self.messages)
+        state = init_loop_state(self.algorithm, params, self.dataset.num_clients, self.plan, self.inputs,
+                                self.messages)
+        if self.plan.mesh is not None:
+            # Placed as the compiled rounds return it, replicated over the mesh: a state on one device would
+            # make the second block of rounds compile the whole program again (and so would a checkpoint
+            # restored into this state's shardings).
+            state = jax.device_put(state, NamedSharding(self.plan.mesh, PartitionSpec()))
+        return state
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """Central test metrics (and per-client spread, and the training objective, when configured) of the
