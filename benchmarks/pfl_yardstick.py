@@ -6,7 +6,8 @@ runs the benchmark's setup (``configs/pfl_cifar10.yaml``: its two-convolution CN
 users of 50 images, 50 a round, one local epoch of SGD at 0.1 in batches of 10, unweighted FedAvg with server
 rate 1) in both, on the same machine and the same standardised images and users:
 
-* ``engine``: fedjax_lab's compiled round (the layout ``fedjax-lab run`` picks, or ``--set`` ones);
+* ``engine``: fedjax_lab's compiled round (the layout ``fedjax-lab run`` picks, the cohort split over one
+  CPU device per core as it splits it, or ``--set`` ones);
 * ``pfl``: pfl-research's ``FederatedAveraging`` on its ``SimulatedBackend`` with ``PyTorchModel``, the
   model as pfl's benchmark builds it (NHWC input transposed in the model, Glorot-uniform kernels, PyTorch's
   default biases), in a separate process with its own Python (``--pfl-python``: pfl pins versions of numpy
@@ -381,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.pfl_python and (args.part == "speed" or "pfl" in args.ways):
         parser.error("--pfl-python (or $PFL_PYTHON): a Python with pfl and torch, e.g. "
                      "python -m venv /tmp/pflenv && /tmp/pflenv/bin/pip install pfl torch")
+    from fedjax_lab.engine.sharding import use_cpu_cores
+
+    use_cpu_cores()  # as `fedjax-lab run`: one CPU device per core, the cohort split over them
     import jax
 
     from fedjax_lab.experiments.runner import machine
@@ -396,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
                            tuple(args.ways))
     settings = {"reps": args.reps} if args.part == "speed" else {"every": args.every, "ways": args.ways}
     result.update(part=args.part, rounds=args.rounds, overrides=args.set, **settings,
-                  layout={k: experiment.layout.get(k) for k in ("layout", "why")},
+                  layout={k: experiment.layout.get(k) for k in ("layout", "why", "devices")},
                   jax=jax.__version__, python=platform.python_version(), **machine())
     write(result, args.out)
 

@@ -4,6 +4,7 @@ joined by ``jax.distributed`` equals one device, and a run that cannot fit is re
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -191,3 +192,51 @@ def test_two_processes_joined_by_jax_distributed_equal_one_process(tmp_path):
         assert a.keys() == b.keys()
         np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-6)
     assert read_metrics(tmp_path / "two" / ".process_1") == two
+
+
+@pytest.mark.parametrize("backend, devices, cohort, chunk, expected", [
+    ("cpu", 4, 8, None, 4), ("cpu", 4, 6, None, 3), ("cpu", 4, 5, None, 1),
+    ("cpu", 4, 8, 4, 2),  # each device's share must be a multiple of the chunk
+    ("cpu", 1, 8, None, 1), ("gpu", 4, 8, None, 1)])
+def test_auto_devices_split_a_cpu_cohort_over_the_most_devices_that_divide_it(monkeypatch, backend, devices,
+                                                                                cohort, chunk, expected):
+    from fedjax_lab.experiments import build
+
+    monkeypatch.setattr(build.jax, "devices", lambda *_: [object()] * devices)
+    monkeypatch.setattr(build.jax, "default_backend", lambda: backend)
+    config = validate({**RAW, "rounds": {**RAW["rounds"], "clients_per_round": cohort, "chunk_size": chunk}})
+    assert config.parallel.devices == "auto"  # the default
+    assert build.mesh_devices(config, cohort) == expected
+
+
+USE_CORES = ("from fedjax_lab.engine.sharding import use_cpu_cores; print(use_cpu_cores()); import jax; "
+             "print(len(jax.devices())); print(use_cpu_cores())")
+
+
+@pytest.mark.parametrize("env, printed", [
+    ({"FEDJAX_LAB_CPU_DEVICES": "3"}, ["3", "3", "None"]),  # set before JAX started; after, nothing changes
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, ["None", "2", "None"]),  # the user's count
+])
+def test_use_cpu_cores_sets_the_cpu_devices_only_before_jax_starts(env, printed):
+    environ = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "FEDJAX_LAB_CPU_DEVICES")}
+    out = subprocess.run([sys.executable, "-c", USE_CORES], cwd=ROOT, env={**environ, **env}, text=True,
+                         capture_output=True, check=True, timeout=120).stdout
+    assert out.split() == printed
+
+
+def test_the_command_line_splits_the_cohort_over_the_cpu_cores_and_says_so(tmp_path):
+    """A run of the CLI in its own process gets one CPU device per core ($FEDJAX_LAB_CPU_DEVICES here) and
+    splits its cohort over them by default; it computes what one device computes."""
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps(RAW))  # YAML reads JSON
+    env = {**os.environ, "FEDJAX_LAB_CPU_DEVICES": "4"}
+    subprocess.run([sys.executable, "-m", "fedjax_lab.experiments.cli", "run", str(config), "--run-dir",
+                    str(tmp_path / "four"), "--no-progress"], cwd=ROOT, env=env, check=True, timeout=300,
+                   capture_output=True)
+    layout = json.loads((tmp_path / "four" / "layout.json").read_text())
+    assert layout["devices"].startswith("4 of 4 cpu devices (parallel.devices: auto"), layout
+    run_experiment(validate(RAW), tmp_path / "one", progress=False)  # this process: one CPU device
+    four, one = read_metrics(tmp_path / "four"), read_metrics(tmp_path / "one")
+    assert [r["round"] for r in four] == [r["round"] for r in one] == list(range(5))
+    for a, b in zip(one, four):
+        np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-6)

@@ -58,14 +58,30 @@ def default_chunk_size(cohort_size: int, backend: str, model: str = "mlp") -> in
     return 2 if cohort_size % 2 == 0 else 1
 
 
+def mesh_devices(config: Config, cohort_size: int) -> int:
+    """How many devices ``parallel.devices`` splits a cohort of ``cohort_size`` over: its number, every device
+    JAX sees for ``all``, and for ``auto`` on a CPU (one process) the most of the CPU's devices that the
+    cohort and ``rounds.chunk_size`` divide evenly (:func:`~fedjax_lab.engine.sharding.use_cpu_cores` gives
+    it one device per core), elsewhere 1."""
+    devices = config.parallel.devices
+    if devices == "all":
+        return len(jax.devices())
+    if devices != "auto":
+        return devices
+    if jax.default_backend() != "cpu" or jax.process_count() > 1:
+        return 1
+    return max(n for n in range(1, len(jax.devices()) + 1)
+               if not cohort_layout_problems(cohort_size, n, config.rounds.chunk_size))
+
+
 def build_mesh(config: Config, cohort_size: int) -> Mesh | None:
-    """The ``clients`` mesh of ``parallel.devices`` (``None`` for one device).
+    """The ``clients`` mesh of ``parallel.devices`` (``None`` for one device; :func:`mesh_devices`).
 
     Raises:
       ConfigError: more devices than JAX sees, or a number that does not divide the cohort.
     """
     devices = config.parallel.devices
-    num = len(jax.devices()) if devices == "all" else devices
+    num = mesh_devices(config, cohort_size)
     if num == 1:
         return None
     problems = cohort_layout_problems(cohort_size, num, config.rounds.chunk_size)
@@ -210,7 +226,7 @@ def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
     if config.privacy is not None:
         mechanism = privacy.mechanism_of(privacy.resolve(config, dataset.num_clients), dataset.num_clients)
         cohort = mechanism.slots if mechanism.sampling == "poisson" else cohort
-    num = len(jax.devices()) if config.parallel.devices == "all" else config.parallel.devices
+    num = mesh_devices(config, cohort)
     share = cohort // num if num > 1 and cohort % num == 0 else cohort
     lowerings = layout.LOWERINGS if not config.model.name.startswith("resnet") else ("xla", "im2col")
     rules = rules_layout(config, share)
@@ -277,6 +293,12 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
     if config.rounds.chunk_size is None and cohort > 1:
         experiment = _rematerialised_if_more_fit(fit_chunk_to_budget(experiment), dataset,
                                                  wanted=chunk_size or share)
+    if config.parallel.devices == "auto" and len(jax.devices()) > 1:  # the run directory says how it split
+        on_cpu = jax.default_backend() == "cpu" and jax.process_count() == 1
+        rule = "the most that divide the cohort" if on_cpu else "one off a CPU"
+        split = (f"{plan.num_devices} of {len(jax.devices())} {jax.default_backend()} devices "
+                 f"(parallel.devices: auto, {rule})")
+        experiment = dataclasses.replace(experiment, layout={**experiment.layout, "devices": split})
     check_memory(experiment)
     return experiment
 

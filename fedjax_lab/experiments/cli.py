@@ -107,10 +107,20 @@ def _reference(args) -> int:
     return 0
 
 
+def _use_cpu_cores(args) -> None:
+    """One CPU device per core (``parallel.devices: auto`` splits the cohort over them), in a process of our
+    own only: a test or a notebook calling :func:`main` keeps the devices it has."""
+    if args.own_process:
+        from fedjax_lab.engine.sharding import use_cpu_cores
+
+        use_cpu_cores()
+
+
 def _run(args) -> int:
     config = load_config(args.config, args.overrides)  # validated before anything is built or compiled
     distributed_settings(config.parallel)  # the environment's settings too
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    _use_cpu_cores(args)
     from fedjax_lab.experiments.runner import run_experiment  # imports JAX; deferred so bad configs fail fast
 
     summary = run_experiment(config, run_dir, resume=args.resume, overwrite=args.overwrite,
@@ -144,6 +154,7 @@ def _sweep(args) -> int:
                           "--yes to run them all")
     if (sweep_dir / "sweep.json").exists() and not (args.resume or args.overwrite):
         raise ConfigError(f"sweep directory {sweep_dir} already holds a sweep; pass --resume or --overwrite")
+    _use_cpu_cores(args)
     from fedjax_lab.experiments.sweep import expand, run_sweep
 
     expand(config, grid)  # every member validated (and distinct) before JAX starts
@@ -206,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     signals.EXIT_ON_SECOND_SIGNAL = program
+    args.own_process = program
     # Overrides may also come after options (``run c.yaml --no-progress seed=3``); argparse leaves those over.
     listed = "overrides" if hasattr(args, "overrides") else "items" if hasattr(args, "items") else None
     stray = [item for item in extra if item.startswith("-") or "=" not in item or listed is None]

@@ -369,8 +369,10 @@ class ParallelConfig(Section):
     """Devices and hosts (docs/scale.md): the cohort is split over ``devices`` with ``jax.sharding``; several
     processes (hosts) join through ``jax.distributed``, each running the same config."""
 
-    devices: PositiveInt | Literal["all"] = Field(1, description="devices the cohort is split over: a "
-                                                                "number, or 'all' of every process's devices")
+    devices: PositiveInt | Literal["all", "auto"] = Field(
+        "auto", description="devices the cohort is split over: a number, 'all' of every process's devices, "
+                            "or 'auto': on a CPU the most of its devices that divide the cohort (the "
+                            "command line gives the CPU one device per core), on an accelerator one")
     aggregation: Literal["auto", "streaming", "stacked"] = Field(
         "auto", description="streaming reduces each chunk's messages as it finishes (bounded memory) where "
                             "the method's server update is a weighted mean; auto: whenever the cohort is "

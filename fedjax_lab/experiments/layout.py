@@ -102,7 +102,8 @@ def layout_key(config: Config, input_shape: tuple[int, ...], share: int) -> str:
     model.pop("lowering", None)
     return json.dumps({
         "backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
-        "devices": config.parallel.devices, "jax": jax.__version__, "fedjax_lab": fedjax_lab.__version__,
+        "devices": config.parallel.devices, "device_count": len(jax.devices()), "jax": jax.__version__,
+        "fedjax_lab": fedjax_lab.__version__,
         "model": model, "input_shape": list(input_shape), "batch_size": config.client.batch_size,
         "share": share, "algorithm": config.algorithm.name, "plugins": plugins,
         "aggregation": config.parallel.aggregation,

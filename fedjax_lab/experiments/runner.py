@@ -342,6 +342,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "cohort_devices": experiment.plan.num_devices,  # the split sums the messages in another order
         **machine(),
         **({"cpu_matmul": experiment.cpu_matmul} if experiment.cpu_matmul is not None else {}),
         **({"privacy": privacy_summary(experiment.config, experiment.dataset.num_clients)}

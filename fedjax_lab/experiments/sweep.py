@@ -261,9 +261,10 @@ def _measured_member_chunk(members: list[Member], share: int, rule: int | None) 
 
 def sweep_devices(config: Config) -> int:
     """Devices a one-program sweep splits its members over: ``parallel.devices`` (each member's cohort then
-    stays on one device)."""
+    stays on one device); one for ``auto``, which splits a single run's cohort, not a sweep's members (members
+    run as runs of their own split their cohorts as any run does)."""
     devices = config.parallel.devices
-    return len(jax.devices()) if devices == "all" else devices
+    return len(jax.devices()) if devices == "all" else 1 if devices == "auto" else devices
 
 
 def _stack(trees: list[Any]) -> Any:
