@@ -4,7 +4,8 @@
 ``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and
 FedBuff on 1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), and a sweep of
 4 seeds with its members split over 1 and 4, and writes each run's final parameters' largest difference from
-the single-device run, and how many programs each sharded run's two blocks of rounds compiled.
+the single-device run, and how many programs each sharded run's two blocks of rounds compiled; and whether a
+sharded run stopped and resumed from its checkpoint equals one that was not stopped.
 ``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
 ``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
 """
@@ -80,8 +81,27 @@ def devices(out: str) -> None:
     for num in (4,):
         result[f"sweep devices={num}"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
             jax.tree.leaves(states[1]), jax.tree.leaves(states[num])))
+    result["resume equals uninterrupted, devices=4"] = _resumed_equals_whole(
+        validate({**RAW, "parallel": {"devices": 4}, "rounds": {**RAW["rounds"], "chunk_size": 1}}))
     with open(out, "w") as f:
         json.dump({"diffs": result, "compiles": compiles}, f)
+
+
+def _resumed_equals_whole(config) -> float:
+    """0.0 when a sharded run stopped after round 2 and resumed from its checkpoint writes the metrics of the
+    run that was not stopped, byte for byte (its checkpoint restored into the replicated state), else 1.0."""
+    import tempfile
+    from pathlib import Path
+
+    from fedjax_lab.experiments.runner import run_experiment
+
+    with tempfile.TemporaryDirectory() as work:
+        whole, part = Path(work) / "whole", Path(work) / "part"
+        run_experiment(config, whole, progress=False)
+        run_experiment(config, part, progress=False, stop_after_round=2)
+        run_experiment(config, part, resume=True, progress=False)
+        same = (part / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+    return 0.0 if same else 1.0
 
 
 def process(index: int, count: int, address: str, run_dir: str) -> None:

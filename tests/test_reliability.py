@@ -52,8 +52,11 @@ def _write(tmp_path: Path, raw: dict, name: str = "c.yaml") -> str:
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    """The CLI in a process of its own, with one CPU device as this process has: a run it starts and one
+    resumed here then sum their messages in the same order (on several, the CLI would split the cohort)."""
+    env = {**os.environ, "FEDJAX_LAB_CPU_DEVICES": "1", **kwargs.pop("env", {})}
     return subprocess.Popen([sys.executable, "-m", "fedjax_lab.experiments.cli", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kwargs)
 
 
 def _wait_for(condition, timeout: float = 120) -> None:
