@@ -15,7 +15,9 @@ Ways, same data, partition, cohorts, initial weights and hyper-parameters:
 
 * ``engine``: ``build_experiment`` of the config as a user runs it (rounds scanned inside one ``jax.jit``);
   the layout (``model.lowering``, ``rounds.chunk_size``, ``rounds.cpu_matmul``) chosen by measurement on
-  the first build (``fedjax_lab/experiments/layout.py``; ``FEDJAX_LAB_LAYOUT=rules`` for the hand rules).
+  the first build (``fedjax_lab/experiments/layout.py``; ``FEDJAX_LAB_LAYOUT=rules`` for the hand rules),
+  and in its own process (the default) the cohort split over one CPU device per core, as ``fedjax-lab run``
+  splits it (``parallel.devices: auto``; ``FEDJAX_LAB_CPU_DEVICES=1`` for one device).
 * ``engine_naive``: the same engine with XLA's convolution and the whole cohort vmapped (what a direct JAX
   port does; vmapped per-client convolutions become grouped convolutions).
 * ``jax_loop``: a Python loop over the cohort calling one jitted ``train_locally`` per client (banded
@@ -276,6 +278,10 @@ def worker(args) -> None:
     ``run`` line on stdin, answering with a JSON line on stdout."""
     kind, _, value = args.worker_budget.partition(":")
     budget = Budget(**{kind: int(value)})
+    if args.worker.startswith("engine"):  # as `fedjax-lab run`: the cohort split over one CPU device per core
+        from fedjax_lab.engine.sharding import use_cpu_cores
+
+        use_cpu_cores()
     engine = build(budget, "auto", args.chunk)
     call, rounds = make_way(args.worker, engine, budget, args)
     examples = examples_per_call(engine, budget, rounds, args.reps + 1)
@@ -284,6 +290,7 @@ def worker(args) -> None:
     first = time.perf_counter() - start
     print(json.dumps({"first_call_s": first, "rounds": rounds, "examples": examples,
                       "cohort": engine.plan.cohort_size, "chunk_size": engine.plan.chunk_size,
+                      "cohort_devices": engine.plan.num_devices,
                       "lowering": engine.classifier.module.lowering, "cpu_matmul": engine.cpu_matmul}),
           flush=True)
     for line in sys.stdin:
