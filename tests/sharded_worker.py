@@ -1,8 +1,9 @@
 """Runs a small config in a fresh process, for the tests of several devices and processes
 (``tests/test_scale.py``).
 
-``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD and
-FedBuff on 1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), and a sweep of
+``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD,
+FedBuff and FedAvg with local epochs over clients of unequal size (its cohort balanced over the devices) on
+1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), and a sweep of
 4 seeds with its members split over 1 and 4, and writes each run's final parameters' largest difference from
 the single-device run, and how many programs each sharded run's two blocks of rounds compiled; and whether a
 sharded run stopped and resumed from its checkpoint equals one that was not stopped.
@@ -31,6 +32,11 @@ METHODS = {
     "fedavg": {},
     "scaffold": {"algorithm": {"name": "scaffold"}},
     "fedbuff": {"algorithm": {"name": "fedbuff", "buffer_size": 4}, "asynchrony": {"sigma": 1.0}},
+    # local epochs over clients of unequal size: the cohort is reordered to balance the devices
+    "epochs": {"dataset": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_clients": 16},
+               "model": {"name": "logistic_regression"},
+               "client": {**RAW["client"], "local_steps": None, "local_epochs": 1, "batch_size": 50,
+                          "learning_rate": 0.01, "momentum": 0.0}},  # Synthetic(1, 1)'s stable rate
 }
 
 
@@ -54,13 +60,17 @@ def devices(out: str) -> None:
     assert len(jax.devices()) == 4, jax.devices()
     result, compiles = {}, {}
     for name, change in METHODS.items():
-        reference, _ = _final_params({**RAW, **change})
+        reference, single = _final_params({**RAW, **change, "parallel": {"devices": 1}})
+        assert single.plan.num_devices == 1, single.plan  # (auto would split it over the 4)
         # FedAvg on 2 devices, the whole share at once, and every method on 4, a client at a time
         for num, chunk in ((2, None), (4, 1)) if name == "fedavg" else ((4, 1),):
             raw = {**RAW, **change, "parallel": {"devices": num},
                    "rounds": {**RAW["rounds"], "chunk_size": chunk}}
             params, experiment = _final_params(raw)
             assert experiment.plan.num_devices == num, experiment.plan
+            assert experiment.plan.balances == (name == "epochs"), experiment.plan
+            # the training arrays are on every device once, not copied there by each call
+            assert all(len(x.sharding.device_set) == num for x in jax.tree.leaves(experiment.inputs))
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(reference),
                                                                     jax.tree.leaves(params)))
             result[f"{name} devices={num} chunk={chunk}"] = diff

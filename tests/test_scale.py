@@ -168,11 +168,11 @@ def test_sharded_runs_and_sweeps_equal_one_device_for_fedavg_scaffold_and_fedbuf
     subprocess.run([sys.executable, str(WORKER), "devices", str(out)], check=True, cwd=ROOT, timeout=600)
     found = json.loads(out.read_text())
     diffs, compiles = found["diffs"], found["compiles"]
-    assert len(diffs) == 6 and {k.split()[0] for k in diffs} == {"fedavg", "scaffold", "fedbuff", "sweep",
-                                                                 "resume"}
+    assert len(diffs) == 7 and {k.split()[0] for k in diffs} == {"fedavg", "scaffold", "fedbuff", "epochs",
+                                                                 "sweep", "resume"}
     assert max(diffs.values()) < 1e-5, diffs
     # the second block starts from the first's replicated output, and reuses its program
-    assert len(compiles) == 5 and set(compiles.values()) == {1}, compiles
+    assert len(compiles) == 6 and set(compiles.values()) == {1}, compiles
 
 
 def _free_port() -> int:

@@ -7,6 +7,7 @@ import pytest
 from conftest import assert_trees_close, make_inputs
 
 from fedjax_lab.engine import ClientData, Cohort, CohortPlan, ServerContext, make_run_rounds, randomness
+from fedjax_lab.engine.cohort_loop import balanced_order
 from fedjax_lab.engine.sampling import sample_cohort
 from fedjax_lab.engine.simulation import run_round
 
@@ -62,6 +63,97 @@ def test_two_blocks_equal_one_block_of_the_same_rounds(tiny_run):
     assert_trees_close(once.server_state, twice.server_state)
     np.testing.assert_allclose(m_once["train_loss"], np.concatenate([m1["train_loss"], m2["train_loss"]]),
                                rtol=1e-6)
+
+
+def _longest_first(work, devices, chunk):
+    """An independent balanced order: sort heaviest first, cut into chunks, give each chunk (heaviest first)
+    to the least-loaded device with room, the first such device on ties. Returns (order, each device's
+    load)."""
+    ranked = sorted(range(len(work)), key=lambda i: (-work[i], i))
+    chunks = [ranked[j:j + chunk] for j in range(0, len(ranked), chunk)]
+    per_device = len(chunks) // devices
+    shares, loads = [[] for _ in range(devices)], [0.0] * devices
+    for members in chunks:
+        device = min((d for d in range(devices) if len(shares[d]) < per_device), key=lambda d: (loads[d], d))
+        shares[device].append(members)
+        loads[device] += chunk * work[members[0]]
+    return [i for share in shares for members in share for i in members], loads
+
+
+def _device_loads(work, order, devices, chunk):
+    """Each device's work when ``work[order]`` is split into equal shares processed ``chunk`` at a time (a
+    chunk takes its heaviest client's work)."""
+    w = np.asarray(work)[np.asarray(order)].reshape(devices, -1, chunk)
+    return (chunk * w.max(axis=2)).sum(axis=1)
+
+
+@pytest.mark.parametrize("size, devices, chunk", [(10, 2, 1), (12, 2, 3), (12, 3, 2), (8, 1, 2), (20, 4, 5)])
+def test_balanced_order_is_longest_processing_time_first_over_chunks(size, devices, chunk):
+    rng = np.random.default_rng(size + devices + chunk)
+    for _ in range(5):
+        work = rng.integers(1, 30, size)
+        order = np.asarray(balanced_order(jnp.asarray(work), num_devices=devices, chunk_size=chunk))
+        assert sorted(order.tolist()) == list(range(size))
+        expected, loads = _longest_first(work.tolist(), devices, chunk)
+        np.testing.assert_array_equal(work[order], work[expected])  # equal up to ties between equal work
+        np.testing.assert_allclose(_device_loads(work, order, devices, chunk), loads)
+
+
+def test_balanced_order_evens_out_the_devices_and_packs_similar_clients_into_chunks():
+    work = np.array([9, 8, 1, 1, 1, 1, 1, 1])  # drawn in this order, device 0 would take 19 and device 1 4
+    assert _device_loads(work, range(8), 2, 1).tolist() == [19, 4]
+    order = balanced_order(jnp.asarray(work), num_devices=2, chunk_size=1)
+    assert sorted(_device_loads(work, order, 2, 1).tolist()) == [11, 12]  # the best split of 23 in 4 + 4
+    work = np.array([1, 10, 1, 10, 1, 10])  # one device, chunks of 2: drawn, each chunk pads a 1 to 10 steps
+    assert _device_loads(work, range(6), 1, 2).tolist() == [60]
+    order = balanced_order(jnp.asarray(work), num_devices=1, chunk_size=2)
+    assert work[np.asarray(order)].tolist() == [10, 10, 10, 1, 1, 1]  # chunks (10, 10), (10, 1), (1, 1)
+    assert _device_loads(work, order, 1, 2).tolist() == [42]
+
+
+class _Split:
+    """A stand-in for a mesh of ``n`` devices: a plan reads only its shape."""
+
+    def __init__(self, n):
+        self.shape = {"clients": n}
+
+
+@pytest.mark.parametrize("devices, chunk, balances", [(1, None, False), (1, 1, False), (1, 2, True),
+                                                      (1, 6, False), (2, 1, True), (2, None, True)])
+def test_a_plan_reorders_its_cohort_only_where_the_order_can_change_the_work(devices, chunk, balances):
+    plan = CohortPlan(24, 6 * devices, chunk, mesh=_Split(devices) if devices > 1 else None,
+                      cohort_order="balanced")
+    assert plan.balances is balances
+    assert not CohortPlan(12, 6, 2, cohort_order="sampled").balances
+    assert not CohortPlan(12, 6, 2, buffer_size=2, cohort_order="balanced").balances  # asynchronous
+    with pytest.raises(ValueError, match="cohort_order must be 'sampled' or 'balanced'"):
+        CohortPlan(12, 6, cohort_order="sorted")
+
+
+@pytest.mark.parametrize("chunk_size", [2, 3])
+def test_a_balanced_cohort_trains_the_same_clients_as_the_sampled_order(tiny_run, chunk_size):
+    algorithm, plan, state, inputs = tiny_run  # local epochs over clients of 3 to 27 examples
+    fedavg_server_update = algorithm.server_update
+
+    def server_update(server_state, messages, cohort, context):  # also reports the order trained in
+        new_state, metrics = fedavg_server_update(server_state, messages, cohort, context)
+        return new_state, {**metrics, "ids": cohort.client_ids}
+
+    algorithm = algorithm._replace(server_update=server_update, reduce=None)
+    sampled, m_sampled = make_run_rounds(algorithm, CohortPlan(plan.num_clients, 6, chunk_size))(
+        state, inputs, num_rounds=3)
+    balanced_plan = CohortPlan(plan.num_clients, 6, chunk_size, cohort_order="balanced")
+    assert balanced_plan.balances
+    balanced, m_balanced = make_run_rounds(algorithm, balanced_plan)(state, inputs, num_rounds=3)
+    assert_trees_close(sampled.server_state, balanced.server_state)
+    np.testing.assert_allclose(m_sampled["train_loss"], m_balanced["train_loss"], rtol=1e-5)
+    for r in range(3):
+        key = randomness.round_key(inputs.key, r, randomness.Purpose.COHORT)
+        ids = sample_cohort(key, plan.num_clients, 6)
+        order = balanced_order(inputs.client_num_examples[ids], num_devices=1, chunk_size=chunk_size)
+        np.testing.assert_array_equal(m_sampled["ids"][r], ids)
+        np.testing.assert_array_equal(m_balanced["ids"][r], ids[order])
+        assert np.asarray(order).tolist() != list(range(6))  # another order than the sampled one
 
 
 def test_cohort_is_distinct_deterministic_and_covers_population():

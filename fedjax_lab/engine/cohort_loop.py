@@ -13,6 +13,11 @@ Three ways to bound or spread the work, which compose and never change a result 
   sharded call does (the state carried from one block of rounds to the next): ``jnp.zeros_like`` of such a
   value inside the map, as optax's momentum does, fails with "Context mesh ... should match the mesh of
   sharding".
+
+Clients of unequal local work (local epochs over unequal datasets) make a chunk run its heaviest client's
+steps (the others are masked) and a device wait for the busiest one. :func:`balanced_order` orders a cohort so
+that chunks hold clients of similar work and the devices' totals are even; the cohort is a set, so its order
+changes only the order of float sums.
 """
 
 from __future__ import annotations
@@ -28,6 +33,45 @@ from jax.sharding import PartitionSpec as P
 
 CLIENTS = "clients"
 """The name of the mesh axis the cohort is split over."""
+
+
+def balanced_order(work: jax.Array, num_devices: int, chunk_size: int) -> jax.Array:
+    """A permutation of the cohort that evens out its chunks' and devices' work: ``stacked[order]`` is then
+    split into ``num_devices`` equal shares, each processed ``chunk_size`` clients at a time.
+
+    A chunk takes as long as its heaviest client (the vmapped clients step together), so the clients are
+    sorted by ``work``, heaviest first, and cut into chunks of ``chunk_size`` (each chunk's cost:
+    ``chunk_size * max(work)`` over its clients). The chunks, heaviest first, go to the device with the least
+    work so far that still has room (longest processing time first, with every device taking the same number
+    of chunks).
+
+    Args:
+      work: ``[m]`` each client's local work (its steps, or anything monotone in them: its examples).
+      num_devices: devices the cohort is split over; must divide ``m / chunk_size``.
+      chunk_size: clients trained at once on a device; must divide ``m / num_devices``.
+
+    Returns:
+      int32 ``[m]``: position ``p`` of the reordered cohort holds client ``order[p]`` of the given one.
+    """
+    size = work.shape[0]
+    if size % (num_devices * chunk_size):
+        raise ValueError(f"{num_devices} devices x chunks of {chunk_size} do not divide a cohort of {size}")
+    num_chunks = size // chunk_size
+    per_device = num_chunks // num_devices
+    by_work = jnp.argsort(-work, stable=True)
+    cost = chunk_size * work[by_work].reshape(num_chunks, chunk_size)[:, 0].astype(jnp.float32)
+
+    def place(j, carry):
+        load, taken, slot = carry
+        device = jnp.argmin(jnp.where(taken < per_device, load, jnp.inf))
+        slot = slot.at[j].set(device * per_device + taken[device])
+        return load.at[device].add(cost[j]), taken.at[device].add(1), slot
+
+    start = (jnp.zeros(num_devices, jnp.float32), jnp.zeros(num_devices, jnp.int32),
+             jnp.zeros(num_chunks, jnp.int32))
+    _, _, slot = jax.lax.fori_loop(0, num_chunks, place, start)
+    positions = (slot[:, None] * chunk_size + jnp.arange(chunk_size)).reshape(-1)
+    return jnp.zeros(size, jnp.int32).at[positions].set(by_work.astype(jnp.int32))
 
 
 def _chunked(stacked: Any, num_chunks: int) -> Any:

@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from fedjax_lab.engine import randomness
 from fedjax_lab.engine.aggregation import masked_mean
 from fedjax_lab.engine.asynchrony import DelayModel, init_async_state, run_async_round, store_capacity
-from fedjax_lab.engine.cohort_loop import CLIENTS, map_cohort
+from fedjax_lab.engine.cohort_loop import CLIENTS, balanced_order, map_cohort
 from fedjax_lab.engine.sampling import sample_cohort, sample_poisson_cohort
 from fedjax_lab.engine.tree_math import tree_put, tree_select, tree_stack_copies, tree_take
 from fedjax_lab.engine.types import (
@@ -90,6 +90,12 @@ class CohortPlan:
         cohort truncated to ``cohort_size`` slots (:func:`~fedjax_lab.engine.sampling.sample_poisson_cohort`;
         the unfilled slots train but are masked out of the aggregate, the metrics and the client states).
         ``None``: ``cohort_size`` clients drawn uniformly without replacement.
+      cohort_order: ``'sampled'`` trains the cohort in the order drawn (ids ascending); ``'balanced'``
+        reorders it by the clients' local work (:func:`~fedjax_lab.engine.cohort_loop.balanced_order`, their
+        example counts) before it is split over devices and chunks, where that can matter (the synchronous
+        round, several devices or several chunks a device): with local epochs over unequal datasets, chunks
+        of similar clients mask fewer steps and the devices finish together. Results differ by float
+        rounding only.
     """
 
     num_clients: int
@@ -101,6 +107,7 @@ class CohortPlan:
     mesh: Mesh | None = None
     aggregation: Literal["auto", "streaming", "stacked"] = "auto"
     sampling_rate: float | None = None
+    cohort_order: Literal["sampled", "balanced"] = "sampled"
 
     def __post_init__(self):
         if not 1 <= self.cohort_size <= self.num_clients:
@@ -123,6 +130,8 @@ class CohortPlan:
                              f"{self.max_in_flight}")
         if self.sampling_rate is not None and not 0 < self.sampling_rate <= 1:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
+        if self.cohort_order not in ("sampled", "balanced"):
+            raise ValueError(f"cohort_order must be 'sampled' or 'balanced', got {self.cohort_order!r}")
         if self.sampling_rate is not None and self.asynchronous:
             raise ValueError("Poisson sampling (sampling_rate) runs in the synchronous round only")
 
@@ -137,6 +146,18 @@ class CohortPlan:
             return False
         chunked = self.chunk_size is not None and self.chunk_size < self.cohort_size // self.num_devices
         return self.aggregation == "streaming" or chunked or self.num_devices > 1
+
+    @property
+    def share(self) -> int:
+        """Clients of a cohort each device trains."""
+        return self.cohort_size // self.num_devices
+
+    @property
+    def balances(self) -> bool:
+        """Whether the synchronous round reorders its cohort (``cohort_order='balanced'`` where the order can
+        change the work: several devices, or several chunks of several clients on each)."""
+        split = self.num_devices > 1 or 1 < (self.chunk_size or self.share) < self.share
+        return self.cohort_order == "balanced" and split and not self.asynchronous
 
     @property
     def asynchronous(self) -> bool:
@@ -236,6 +257,10 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
         ids, mask = sample_cohort(cohort_key, plan.num_clients, plan.cohort_size), None
     else:
         ids, mask = sample_poisson_cohort(cohort_key, plan.num_clients, plan.cohort_size, plan.sampling_rate)
+    if plan.balances:
+        order = balanced_order(inputs.client_num_examples[ids], num_devices=plan.num_devices,
+                               chunk_size=plan.chunk_size or plan.share)
+        ids, mask = ids[order], None if mask is None else mask[order]
     clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
                          jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)

@@ -289,6 +289,12 @@ class RoundsConfig(Section):
                                              "(rounds.layout), under the rules on CPU 1 for CNNs and 2 "
                                              "otherwise, the whole cohort elsewhere. Never changes results "
                                              "beyond float rounding")
+    cohort_order: Literal["auto", "sampled", "balanced"] = Field(
+        "auto", description="the order the cohort is trained in: balanced sorts it by the clients' example "
+                            "counts into chunks of similar clients and evens out the devices' work "
+                            "(speed only; float rounding), sampled keeps the order drawn, auto: balanced "
+                            "when clients train local epochs (unequal steps) and the cohort is split over "
+                            "devices or chunks, else sampled")
     unroll: PositiveInt = Field(1, description="scan unroll of the local step loop (speed only)")
     cpu_matmul: Literal["auto", "ynnpack", "eigen"] = Field(
         "auto", description="on a CPU, the library of the training program's matrix products: ynnpack "

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from fedjax_lab.data.report import write_partition_report
@@ -311,27 +312,30 @@ def build_sweep_program(members: list[Member], member_chunk: int,
     if cohort_chunk is not None:
         experiment = dataclasses.replace(experiment,
                                          plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
+    if mesh is not None:  # every device reads the training arrays: placed there once, not copied each call
+        experiment = dataclasses.replace(experiment, inputs=jax.device_put(
+            experiment.inputs, NamedSharding(mesh, PartitionSpec())))
     algorithm_at, plan, classifier = experiment.algorithm_at, experiment.plan, experiment.classifier
 
     @jax.jit
     def initial_states(keys, values, inputs):
-        def one(key, hp):
+        def one(inputs, key, hp):
             member_inputs = inputs._replace(key=key, hparams=hp)
             params = classifier.init(randomness.init_key(key))
             return init_loop_state(algorithm_at(member_inputs, jnp.zeros((), jnp.int32)), params,
                                    plan.num_clients, plan, member_inputs)
 
-        return map_cohort(one, member_chunk, keys, values, mesh=mesh)
+        return map_cohort(one, member_chunk, keys, values, shared=(inputs,), mesh=mesh)
 
     @functools.partial(jax.jit, static_argnames="num_rounds",
                        compiler_options=layout.compiler_options(experiment.cpu_matmul))
     def run_rounds(states, keys, values, inputs, num_rounds):
-        def one(state, key, hp):
+        def one(inputs, state, key, hp):
             member_inputs = inputs._replace(key=key, hparams=hp)
             return jax.lax.scan(lambda s, _: run_round(algorithm_at, plan, s, member_inputs), state, None,
                                 length=num_rounds)
 
-        return map_cohort(one, member_chunk, states, keys, values, mesh=mesh)
+        return map_cohort(one, member_chunk, states, keys, values, shared=(inputs,), mesh=mesh)
 
     keys = jnp.stack([randomness.base_key(m.config.seed) for m in members])
     num_clients = experiment.dataset.num_clients
