@@ -11,6 +11,7 @@ from fedjax_lab.experiments import ConfigError, build_experiment, run_experiment
 from fedjax_lab.experiments import layout as layout_module
 from fedjax_lab.experiments.layout import (
     Layout,
+    UnequalWork,
     candidate_chunks,
     candidate_member_chunks,
     choose_layout,
@@ -146,6 +147,50 @@ def test_explicit_settings_are_obeyed_and_nothing_is_measured(cache, monkeypatch
     assert not cache.exists()
     rules = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules"}}))
     assert rules.layout == {} and rules.plan.chunk_size == 2  # the CPU rule for dense models
+
+
+def test_an_explicit_setting_is_obeyed_though_the_cache_holds_a_choice_made_with_another_value(cache):
+    configs = [validate({**RAW, "rounds": {**RAW["rounds"], "chunk_size": chunk}}) for chunk in (4, 2, 1)]
+    chunks = [build_experiment(config).plan.chunk_size for config in configs]
+    assert chunks == [4, 2, 1]  # each measured its matmul library under its own key, none read another's
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_unequal_work_counts_the_busiest_device_s_chunk_steps():
+    steps = np.array([1, 1, 1, 1, 10, 10, 10, 10])  # the whole population in every cohort
+    balanced = UnequalWork(steps, cohort_size=8, num_devices=2, balanced=True)
+    sampled = UnequalWork(steps, cohort_size=8, num_devices=2, balanced=False)
+    # a client at a time: balanced, each device takes two 10s and two 1s; in id order, one takes the 10s
+    assert balanced.busiest_chunk_steps(1) == 22 and sampled.busiest_chunk_steps(1) == 40
+    # the whole share at once: a chunk steps as long as its heaviest client
+    assert balanced.busiest_chunk_steps(4) == 10 and sampled.busiest_chunk_steps(4) == 10
+    assert balanced.busiest_chunk_steps(2) == 11  # chunks (10, 10) and (1, 1) on each device
+    # equal steps: the measured round's own count, whatever the layout
+    equal = UnequalWork(np.full(8, 10), cohort_size=4, num_devices=1, balanced=True)
+    assert [equal.scale(chunk, 4) for chunk in (1, 2, 4)] == [1.0, 1.0, 1.0]
+    assert balanced.digest() != sampled.digest() and balanced.digest() == UnequalWork(
+        steps.copy(), cohort_size=8, num_devices=2, balanced=True).digest()
+
+
+def test_with_unequal_steps_a_chunk_is_judged_by_a_real_round_not_by_equal_steps(cache, monkeypatch):
+    # A round has a fixed 0.5 ms, and a step of 4 clients at once costs 1 ms, of 2 clients 0.75 ms, of one
+    # 0.5 ms: with every client taking 10 steps, the whole share of 4 is fastest.
+    times = {"chunk 1": 0.0005 + 40 * 0.0005, "chunk 2": 0.0005 + 20 * 0.00075,
+             "chunk 4": 0.0005 + 10 * 0.001}
+    build, _ = _fake_times(monkeypatch, times, probe=0.0005 + 2 * 0.001)
+    where = {"rules": Layout(None, 4), "conv_model": False, "share": 4, "input_shape": (6,)}
+    assert choose_layout(validate(RAW), build=build, **where)[0] == Layout(None, 4)
+    # Each cohort holds one client of 100 steps and three of 1: the whole share steps 100 times (100 ms),
+    # chunks of 2 (100, 1) and (1, 1) 101 times (76 ms), one client at a time 103 times (52 ms).
+    work = UnequalWork(np.array([100, 1, 1, 1]), cohort_size=4, num_devices=1, balanced=True)
+    chosen, info = choose_layout(validate(RAW), build=build, work=work, **where)
+    assert chosen == Layout(None, 1) and "unequal steps" in info["why"]
+    np.testing.assert_allclose(info["fixed_seconds_per_round"], 0.0005)
+    np.testing.assert_allclose([info["predicted_seconds_per_round"][f"chunk {c}"] for c in (4, 2, 1)],
+                               [0.0005 + 0.1, 0.0005 + 0.07575, 0.0005 + 0.0515])
+    # Two such clients of four: chunks of 2, (100, 100) and (1, 1), mask almost nothing and win.
+    work = UnequalWork(np.array([100, 100, 1, 1]), cohort_size=4, num_devices=1, balanced=True)
+    assert choose_layout(validate(RAW), build=build, work=work, **where)[0] == Layout(None, 2)
 
 
 def test_a_measured_run_writes_its_layout_and_the_next_build_reads_the_cache(cache, tmp_path):

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fedjax_lab import models
@@ -35,7 +36,7 @@ from fedjax_lab.engine.memory import device_memory_bytes
 from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
 from fedjax_lab.engine.simulation import message_shapes, traced_once
 from fedjax_lab.experiments import hyperparams, layout, privacy
-from fedjax_lab.experiments.algorithms import is_reference, make_algorithm_at
+from fedjax_lab.experiments.algorithms import build_schedule, is_reference, make_algorithm_at
 from fedjax_lab.experiments.classifiers import CONV_MODELS, build_classifier, default_lowering
 from fedjax_lab.experiments.config import Config, ConfigError, cohort_layout_problems, distributed_settings
 from fedjax_lab.experiments.datasets import build_dataset, reference_view
@@ -241,13 +242,28 @@ def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
     rules = rules_layout(config, share)
     chosen, info = layout.choose_layout(
         config, rules=rules, conv_model=config.model.name in CONV_MODELS, share=share,
-        input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings)
+        input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings,
+        work=unequal_work(config, dataset, cohort, num))
     if info["how"] == "explicit" or chosen == rules:
         # The rules' layout, built as the rules build it (an unset chunk is still fitted to the memory budget)
         experiment = _assemble(config, dataset)
         return dataclasses.replace(experiment, layout={**info, **experiment.layout})
     experiment = _assemble(layout.with_layout(config, chosen), dataset)
     return dataclasses.replace(experiment, config=config, layout={**info, **experiment.layout})
+
+
+def unequal_work(config: Config, dataset: FederatedDataset, cohort: int,
+                 num_devices: int) -> layout.UnequalWork | None:
+    """The clients' local steps when they differ (local epochs over clients of unequal size), for the layout
+    measurement; ``None`` when every client takes the same number."""
+    if config.client.local_epochs is None:
+        return None
+    steps = np.asarray(build_schedule(config, dataset).client_steps(np.asarray(dataset.client_train_counts)))
+    if steps.min() == steps.max():
+        return None
+    synchronous = config.asynchrony is None and config.algorithm.buffer_size is None
+    return layout.UnequalWork(steps, cohort, num_devices if cohort % num_devices == 0 else 1,
+                              balanced=cohort_order(config) == "balanced" and synchronous)
 
 
 def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
