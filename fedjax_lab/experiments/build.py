@@ -299,9 +299,9 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
         hparams=hyperparams.as_arrays(hyperparams.hyperparams(config)),
     )
     if mesh is not None and jax.process_count() == 1:
-        # Every device reads the training arrays: on one device, each call of the rounds would copy them to
-        # the others again (the whole training set a block of rounds; 6-10 % of a CIFAR-10 simple-CNN block
-        # of 3 rounds on 2 CPU devices). (Several processes pass their own host-local copies.)
+        # Every device reads the training arrays: left on one device, each call of the rounds (a block)
+        # would copy the whole training set to the others again. (Several processes pass their own
+        # host-local copies.)
         inputs = jax.device_put(inputs, NamedSharding(mesh, PartitionSpec()))
     evaluators = build_evaluators(config, classifier, dataset, algorithm_at, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))

@@ -24,16 +24,17 @@ masked) and a device its busiest share, which a round of equal steps does not sh
 candidate's time is scaled to the steps a real round's busiest device takes, in expectation over cohorts
 drawn from the population (:class:`UnequalWork`), past the round's fixed cost (separated by the rules'
 rounds of 2 and 10 steps). On a 2-core VM this chose one client at a time for the
-README's main job (logistic regression, 20 epochs over clients of 50 to several thousand examples), 1.8x
+README's main job (logistic regression, 20 epochs over clients of 45 to 4,645 examples), 1.8x
 faster than the whole share that equal steps favour.
 
 An explicit setting is never overridden: only the unset ones are measured. A candidate that fails to build or
 to fit the memory budget is skipped, with the reason. The choice, every candidate's time and the reason are
 kept in a cache (``$FEDJAX_LAB_CACHE_DIR/layouts.json``, default ``~/.cache/fedjax_lab``), keyed by what
 decides the speed: the backend, the device kind and count, the versions of jax and fedjax_lab, the model
-section, the input shape, the batch size, the cohort share, the method and its plug-ins. The next build with
-the same key reads it and compiles nothing more. The runner writes the choice to the run directory
-(``layout.json``).
+section, the input shape, the batch size, the cohort share, the method and its plug-ins, the values of the
+layout settings given (so a choice made with one explicit chunk never answers for another), and with unequal
+steps a digest of them. The next build with the same key reads it and compiles nothing more. The runner
+writes the choice to the run directory (``layout.json``).
 
 ``rounds.layout: rules`` (or ``FEDJAX_LAB_LAYOUT=rules`` in the environment, which sets the default; the test
 suite does) keeps the hand rules: ``default_chunk_size`` and ``default_lowering``.
