@@ -120,10 +120,11 @@ class UnequalWork:
 
     def digest(self) -> str:
         """What the expectation depends on, hashed (part of the cache key)."""
-        steps = np.asarray(self.client_steps, np.int64)
-        text = f"{steps.tobytes().hex()}|{self.cohort_size}|{self.num_devices}|{self.balanced}|{self.draws}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(np.asarray(self.client_steps, np.int64).tobytes())
+        digest.update(f"|{self.cohort_size}|{self.num_devices}|{self.balanced}|{self.draws}".encode())
+        return digest.hexdigest()[:16]
 
+    @functools.cache  # noqa: B019 - a handful of chunk sizes, for the life of the measurement
     def busiest_chunk_steps(self, chunk_size: int) -> float:
         """The expected steps of a round on its busiest device, counting a chunk's steps once (each chunk
         steps as long as its heaviest client): ``E[max_d sum_{chunks of d} max_{k in chunk} K_k]``."""
@@ -282,14 +283,12 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
       rules: what the hand rules give (the lowering ``None`` for a model without convolutions, the CPU
         matmul ``None`` off a CPU: then it is not measured).
       conv_model: whether the model has convolutions, so a lowering to choose.
-      lowerings: the candidate lowerings (the ResNets leave out ``banded``: 3x3 kernels over 32 columns
-        would multiply about 10x the FLOPs).
+      lowerings: the candidate lowerings (the ResNets leave out ``banded``: about 10x the FLOPs there).
       share: the clients of a cohort each device trains.
       input_shape: one example's input shape (part of the cache key).
       build: builds the experiment of a config (with its layout explicit); it raises ``ConfigError`` when a
         candidate does not fit.
-      work: the clients' unequal local steps (``None``: every client takes the same): each candidate is then
-        judged by its measured round scaled to a real round (:meth:`UnequalWork.scale`).
+      work: the clients' unequal local steps, to which each candidate's round is scaled (``None``: equal).
 
     ``info`` says how the layout was chosen (``"how"``: ``explicit``, ``measured`` or ``cached``), why (a
     sentence), the cache key, and every candidate's seconds per measured round (or why it was skipped).
@@ -306,18 +305,12 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
     if cached is not None:
         layout = Layout(**cached["layout"])
         return layout, {**cached, "how": "cached", "cache": str(cache_path()), "key": json.loads(key)}
-    print("fedjax-lab: timing the candidate layouts (once per device, model and shapes; rounds.layout=rules "
-          "skips this)", file=sys.stderr, flush=True)
     probe = _probe(config, rules, build, min_calls=1 if work is None else 2)
     if probe is not None and probe > MAX_PROBE_SECONDS:
         why = (f"a round of {PROBE_STEPS} local steps took {probe:.1f} s in the rules' {rules.label()}: "
                "timing every candidate would take minutes, so the rules stand (set model.lowering and "
                "rounds.chunk_size to choose)")
-        entry = {"layout": dataclasses.asdict(rules), "rules": dataclasses.asdict(rules), "why": why,
-                 "probe_seconds": probe, "seconds_per_round": {},
-                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        write_cache(key, entry)
-        return rules, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+        return rules, _kept(key, rules, rules, why, probe_seconds=probe, seconds_per_round={})
     timings: dict[str, Any] = {}
     predicted: dict[str, float] = {}  # a real round's seconds, where the clients' steps are unequal
 
@@ -329,15 +322,9 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
             except Exception as exc:  # noqa: BLE001 - _skipped raises again what is not a misfit
                 timings[label] = _skipped(exc)
 
-    overhead = 0.0
-    if work is not None and probe is not None:
-        # A measured round is largely the round's fixed cost for a small model (sampling, aggregation, the
-        # step loop's setup): that part does not grow with the steps. The rules' rounds of 2 and 10 steps
-        # separate it, assumed the same for every layout.
+    if work is not None and probe is not None:  # the part of a round that its steps do not scale
         time_round(rules)
-        if isinstance(timings[rules.label()], float):
-            overhead = max(0.0, (MEASURED_STEPS * probe - PROBE_STEPS * timings[rules.label()])
-                           / (MEASURED_STEPS - PROBE_STEPS))
+    overhead = _fixed_seconds(probe, timings.get(rules.label())) if work is not None else 0.0
 
     def measure(layout: Layout) -> float:
         label = layout.label()
@@ -362,15 +349,28 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
         best = fastest([dataclasses.replace(best, cpu_matmul=matmul) for matmul in CPU_MATMULS], best)
     if math.isinf(measure(best)):  # nothing could be measured: the rules, whose own build says what is wrong
         best = rules
-    entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules),
-             "why": _why(best, rules, {**timings, **predicted}, unequal=work is not None),
-             "seconds_per_round": timings, "measured_steps": MEASURED_STEPS,
+    why = _why(best, rules, {**timings, **predicted}, unequal=work is not None)
+    unequal = {"predicted_seconds_per_round": predicted, "fixed_seconds_per_round": overhead}
+    return best, _kept(key, best, rules, why, seconds_per_round=timings, measured_steps=MEASURED_STEPS,
+                       probe_seconds=probe, **(unequal if work is not None else {}))
+
+
+def _kept(key: str, best: Layout, rules: Layout, why: str, **measured: Any) -> dict:
+    """Caches a measured choice under ``key`` and returns its ``info`` (see :func:`choose_layout`)."""
+    entry = {"layout": dataclasses.asdict(best), "rules": dataclasses.asdict(rules), "why": why, **measured,
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if work is not None:
-        entry.update(predicted_seconds_per_round=predicted, fixed_seconds_per_round=overhead,
-                     probe_seconds=probe)
     write_cache(key, entry)
-    return best, {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+    return {**entry, "how": "measured", "cache": str(cache_path()), "key": json.loads(key)}
+
+
+def _fixed_seconds(probe: float | None, measured: Any) -> float:
+    """The part of a round that does not grow with the local steps (sampling, aggregation, the step loop's
+    setup), from the rules' rounds of :data:`PROBE_STEPS` (``probe``) and :data:`MEASURED_STEPS`
+    (``measured``, or why it was skipped): for a small model it is most of a measured round. Assumed the same
+    for every layout."""
+    if probe is None or not isinstance(measured, float):
+        return 0.0
+    return max(0.0, (MEASURED_STEPS * probe - PROBE_STEPS * measured) / (MEASURED_STEPS - PROBE_STEPS))
 
 
 def _skipped(exc: Exception) -> str:
@@ -404,7 +404,10 @@ def _why(best: Layout, rules: Layout, timings: dict[str, Any], unequal: bool = F
 
 def _probe(config: Config, rules: Layout, build: Callable[[Config], Any], min_calls: int = 1) -> float | None:
     """Seconds of one round of :data:`PROBE_STEPS` local steps in the rules' layout, the fastest of
-    ``min_calls`` (``None`` when it does not build: the candidates then say why)."""
+    ``min_calls`` (``None`` when it does not build: the candidates then say why); the start of a
+    measurement."""
+    print("fedjax-lab: timing the candidate layouts (once per device, model and shapes; rounds.layout=rules "
+          "skips this)", file=sys.stderr, flush=True)
     try:
         return seconds_per_round(build(measured_config(config, rules, PROBE_STEPS)), min_calls=min_calls)
     except (ConfigError, MemoryError):
