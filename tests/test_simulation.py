@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 from conftest import assert_trees_close, make_inputs
 
-from fedjax_lab.engine import ClientData, Cohort, CohortPlan, ServerContext, make_run_rounds, randomness
-from fedjax_lab.engine.cohort_loop import balanced_order
+from fedjax_lab.engine import (
+    ClientData,
+    Cohort,
+    CohortPlan,
+    ServerContext,
+    make_run_rounds,
+    randomness,
+    simulation,
+)
+from fedjax_lab.engine.cohort_loop import balanced_order, map_cohort
 from fedjax_lab.engine.sampling import sample_cohort
 from fedjax_lab.engine.simulation import run_round
 
@@ -131,29 +139,39 @@ def test_a_plan_reorders_its_cohort_only_where_the_order_can_change_the_work(dev
 
 
 @pytest.mark.parametrize("chunk_size", [2, 3])
-def test_a_balanced_cohort_trains_the_same_clients_as_the_sampled_order(tiny_run, chunk_size):
+def test_a_balanced_cohort_trains_reordered_and_the_server_sees_the_order_drawn(tiny_run, chunk_size,
+                                                                               monkeypatch):
     algorithm, plan, state, inputs = tiny_run  # local epochs over clients of 3 to 27 examples
-    fedavg_server_update = algorithm.server_update
+    fedavg_server_update, trained = algorithm.server_update, []
 
-    def server_update(server_state, messages, cohort, context):  # also reports the order trained in
+    def server_update(server_state, messages, cohort, context):  # also reports the order it received
         new_state, metrics = fedavg_server_update(server_state, messages, cohort, context)
         return new_state, {**metrics, "ids": cohort.client_ids}
 
-    algorithm = algorithm._replace(server_update=server_update, reduce=None)
+    def recording_map_cohort(fn, chunk, client_states, clients, *rest, **kwargs):  # the order trained in
+        jax.debug.callback(lambda ids: trained.append(np.asarray(ids)), clients.client_id, ordered=True)
+        return map_cohort(fn, chunk, client_states, clients, *rest, **kwargs)
+
+    monkeypatch.setattr(simulation, "map_cohort", recording_map_cohort)
+    algorithm = algorithm._replace(server_update=server_update, reduce=None)  # the stacked messages
     sampled, m_sampled = make_run_rounds(algorithm, CohortPlan(plan.num_clients, 6, chunk_size))(
         state, inputs, num_rounds=3)
     balanced_plan = CohortPlan(plan.num_clients, 6, chunk_size, cohort_order="balanced")
     assert balanced_plan.balances
     balanced, m_balanced = make_run_rounds(algorithm, balanced_plan)(state, inputs, num_rounds=3)
     assert_trees_close(sampled.server_state, balanced.server_state)
+    assert_trees_close(sampled.client_states, balanced.client_states)
     np.testing.assert_allclose(m_sampled["train_loss"], m_balanced["train_loss"], rtol=1e-5)
+    assert len(trained) == 6
     for r in range(3):
         key = randomness.round_key(inputs.key, r, randomness.Purpose.COHORT)
         ids = sample_cohort(key, plan.num_clients, 6)
         order = balanced_order(inputs.client_num_examples[ids], num_devices=1, chunk_size=chunk_size)
+        assert np.asarray(order).tolist() != list(range(6))  # another order than the one drawn
+        np.testing.assert_array_equal(trained[r], ids)
+        np.testing.assert_array_equal(trained[3 + r], ids[order])
         np.testing.assert_array_equal(m_sampled["ids"][r], ids)
-        np.testing.assert_array_equal(m_balanced["ids"][r], ids[order])
-        assert np.asarray(order).tolist() != list(range(6))  # another order than the sampled one
+        np.testing.assert_array_equal(m_balanced["ids"][r], ids)
 
 
 def test_cohort_is_distinct_deterministic_and_covers_population():

@@ -91,11 +91,12 @@ class CohortPlan:
         the unfilled slots train but are masked out of the aggregate, the metrics and the client states).
         ``None``: ``cohort_size`` clients drawn uniformly without replacement.
       cohort_order: ``'sampled'`` trains the cohort in the order drawn (ids ascending); ``'balanced'``
-        reorders it by the clients' local work (:func:`~fedjax_lab.engine.cohort_loop.balanced_order`, their
-        example counts) before it is split over devices and chunks, where that can matter (the synchronous
-        round, several devices or several chunks a device): with local epochs over unequal datasets, chunks
-        of similar clients mask fewer steps and the devices finish together. Results differ by float
-        rounding only.
+        trains it reordered by the clients' local work (:func:`~fedjax_lab.engine.cohort_loop.balanced_order`,
+        their example counts) where that can matter (the synchronous round, several devices or several
+        chunks a device): with local epochs over unequal datasets, chunks of similar clients mask fewer
+        steps and the devices finish together. The messages, client states and metrics are put back in the
+        order drawn, so the server update sees what it would have; only streamed sums add in another order
+        (float rounding).
     """
 
     num_clients: int
@@ -257,10 +258,6 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
         ids, mask = sample_cohort(cohort_key, plan.num_clients, plan.cohort_size), None
     else:
         ids, mask = sample_poisson_cohort(cohort_key, plan.num_clients, plan.cohort_size, plan.sampling_rate)
-    if plan.balances:
-        order = balanced_order(inputs.client_num_examples[ids], num_devices=plan.num_devices,
-                               chunk_size=plan.chunk_size or plan.share)
-        ids, mask = ids[order], None if mask is None else mask[order]
     clients = ClientData(ids, inputs.client_example_ids[ids], inputs.client_num_examples[ids],
                          jax.vmap(lambda i: randomness.data_key(inputs.key, i))(ids))
     keys = jax.vmap(lambda i: randomness.client_key(inputs.key, r, i))(ids)
@@ -274,9 +271,18 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
 
     streams = plan.streams(algorithm)
     old_client_states = tree_take(state.client_states, ids)
+    stacked = (old_client_states, clients, keys, *masks)
+    if plan.balances:  # trained in a balanced order; the server still sees the cohort in the order drawn
+        order = balanced_order(clients.num_examples, num_devices=plan.num_devices,
+                               chunk_size=plan.chunk_size or plan.share)
+        stacked = tree_take(stacked, order)
     messages, new_client_states, client_metrics = map_cohort(
-        client_fn, plan.chunk_size, old_client_states, clients, keys, *masks,
-        shared=(state.server_state, r, inputs), reduce=reduce if streams else None, mesh=plan.mesh)
+        client_fn, plan.chunk_size, *stacked, shared=(state.server_state, r, inputs),
+        reduce=reduce if streams else None, mesh=plan.mesh)
+    if plan.balances:
+        drawn = jnp.argsort(order)
+        new_client_states, client_metrics = tree_take((new_client_states, client_metrics), drawn)
+        messages = messages if streams else tree_take(messages, drawn)
     if streams:
         messages = Reduced(messages)
     context = ServerContext(randomness.round_key(inputs.key, r, randomness.Purpose.SERVER), r,
