@@ -16,8 +16,8 @@ Three ways to bound or spread the work, which compose and never change a result 
 
 Clients of unequal local work (local epochs over unequal datasets) make a chunk run its heaviest client's
 steps (the others are masked) and a device wait for the busiest one. :func:`balanced_order` orders a cohort so
-that chunks hold clients of similar work and the devices' totals are even; the cohort is a set, so its order
-changes only the order of float sums.
+that chunks hold clients of similar work and the devices' totals are even (the round puts the outputs back in
+the order drawn, so only the order of float sums changes).
 """
 
 from __future__ import annotations
