@@ -156,6 +156,19 @@ def test_an_explicit_setting_is_obeyed_though_the_cache_holds_a_choice_made_with
     assert len(json.loads(cache.read_text())) == 3
 
 
+def test_a_choice_cached_by_other_source_code_is_measured_again(cache, monkeypatch):
+    """A changed lowering changes the speeds: the cache answers only for the source that measured it."""
+    where = {"rules": Layout(None, 4), "conv_model": False, "share": 4, "input_shape": (6,)}
+    build, _ = _fake_times(monkeypatch, {"chunk 1": 1.0, "chunk 2": 1.0, "chunk 4": 0.5})
+    assert choose_layout(validate(RAW), build=build, **where)[1]["how"] == "measured"
+    assert choose_layout(validate(RAW), build=build, **where)[1]["how"] == "cached"
+    monkeypatch.setattr(layout_module, "source_digest", lambda: "edited")
+    build, _ = _fake_times(monkeypatch, {"chunk 1": 0.2, "chunk 2": 1.0, "chunk 4": 0.5})
+    chosen, info = choose_layout(validate(RAW), build=build, **where)
+    assert info["how"] == "measured" and chosen == Layout(None, 1)
+    assert len(json.loads(cache.read_text())) == 2
+
+
 def test_unequal_work_counts_the_busiest_device_s_chunk_steps():
     steps = np.array([1, 1, 1, 1, 10, 10, 10, 10])  # the whole population in every cohort
     balanced = UnequalWork(steps, cohort_size=8, num_devices=2, balanced=True)

@@ -123,15 +123,16 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
-def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
-    """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies)
-    read the same columns as one slice per band, also where the last slice runs past the input (padded);
-    ``band_rows``' own gradient equals the one-slice-per-band form's, also vmapped; and the convolution's
-    gradients match XLA's."""
+@pytest.mark.parametrize("width, kw, channels", [(14, 5, 3), (32, 5, 3), (32, 5, 4), (15, 3, 3), (17, 3, 1),
+                                                  (30, 3, 6)])
+def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw, channels):
+    """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies) and
+    the slices of the ``[B, H, W C]`` view (the forward pass's for few channels) read the same columns as one
+    slice per band, also where the last slice runs past the input (padded); ``band_rows``' own gradient
+    equals the one-slice-per-band form's, also vmapped; and the convolution's gradients match XLA's."""
     from fedjax_lab.models.layers import band_rows, band_width
 
-    x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
+    x = jax.random.normal(jax.random.key(0), (2, 6, width, channels))
     wb = band_width(width - kw + 1, kw)
     bands = (width - kw + 1) // wb
 
@@ -140,6 +141,7 @@ def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(w
                           for i in range(3)], 3)
 
     np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb), per_band(x))
+    np.testing.assert_array_equal(layers._bands_merged_columns(x, 3, kw, wb), per_band(x))
     np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band(x))
     cotangent = jax.random.normal(jax.random.key(2), per_band(x).shape)
     expected = jax.vjp(per_band, x)[1](cotangent)[0]

@@ -30,7 +30,8 @@ faster than the whole share that equal steps favour.
 An explicit setting is never overridden: only the unset ones are measured. A candidate that fails to build or
 to fit the memory budget is skipped, with the reason. The choice, every candidate's time and the reason are
 kept in a cache (``$FEDJAX_LAB_CACHE_DIR/layouts.json``, default ``~/.cache/fedjax_lab``), keyed by what
-decides the speed: the backend, the device kind and count, the versions of jax and fedjax_lab, the model
+decides the speed: the backend, the device kind and count, the versions of jax and fedjax_lab (and a digest
+of fedjax_lab's source, so that a changed lowering is measured again), the model
 section, the input shape, the batch size, the cohort share, the method and its plug-ins, the values of the
 layout settings given (so a choice made with one explicit chunk never answers for another), and with unequal
 steps a digest of them. The next build with the same key reads it and compiles nothing more. The runner
@@ -153,6 +154,19 @@ def cache_path() -> Path:
     return Path(root) / "layouts.json"
 
 
+@functools.cache
+def source_digest() -> str:
+    """A digest of fedjax_lab's own source files: a changed lowering or round changes the speeds measured,
+    so a cached choice answers only for the code that measured it (the version number alone stays put between
+    releases)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def layout_key(config: Config, input_shape: tuple[int, ...], share: int,
                work: UnequalWork | None = None) -> str:
     """The cache key: everything the layout's speed depends on, as one JSON string."""
@@ -165,7 +179,7 @@ def layout_key(config: Config, input_shape: tuple[int, ...], share: int,
     return json.dumps({
         "backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
         "devices": config.parallel.devices, "device_count": len(jax.devices()), "jax": jax.__version__,
-        "fedjax_lab": fedjax_lab.__version__,
+        "fedjax_lab": fedjax_lab.__version__, "source": source_digest(),
         "model": model, "input_shape": list(input_shape), "batch_size": config.client.batch_size,
         "share": share, "algorithm": config.algorithm.name, "plugins": plugins,
         "aggregation": config.parallel.aggregation,

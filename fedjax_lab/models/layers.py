@@ -40,16 +40,19 @@ def _max_share(x: jax.Array, ans: jax.Array, other: jax.Array) -> jax.Array:
     """The share of ``max(x, other) = ans``'s gradient that ``x`` takes, as JAX's ``max`` rule gives it:
     ``[x == ans] / (2 if other == ans else 1)`` (a tie splits it evenly)."""
     one = jnp.ones((), x.dtype)
-    return jnp.where(x == ans, one, 0 * one) / jnp.where(other == ans, 2 * one, one)
+    # A select of 1/2 rather than a division by 2 (the same value, exactly): XLA's CPU loop over the pooled
+    # windows ran the division at every element, 2 % of the simple-CNN's training step.
+    return jnp.where(x == ans, jnp.where(other == ans, 0.5 * one, one), 0 * one)
 
 
 @jax.custom_vjp
 def pool_corners(x: jax.Array) -> jax.Array:
     """``max(max(a, b), max(c, d))`` of each 2x2 window's corners (even ``H`` and ``W``), with JAX's own
-    gradient, bit for bit (ties included), computed in one pass: the four corners' cotangents interleaved
-    into ``[B, H, W, C]``. Differentiated as plain ``jnp.maximum`` calls, XLA's CPU backend fuses the four
-    corners' zero-padded cotangents, summed, with the preceding layer's gradient, and that fusion took 14 % of
-    the simple-CNN's training step (3.25 against 2.80 ms a step of 64, docs/benchmarks.md)."""
+    gradient, bit for bit for any input without NaN (ties included), computed in one pass: the four corners'
+    cotangents interleaved into ``[B, H, W, C]``. Differentiated as plain ``jnp.maximum`` calls, XLA's CPU
+    backend fuses the four corners' zero-padded cotangents, summed, with the preceding layer's gradient, and
+    that fusion took 14 % of the simple-CNN's training step (3.25 against 2.80 ms a step of 64,
+    docs/benchmarks.md)."""
     a, b, c, d = _corners(x)
     return jnp.maximum(jnp.maximum(a, b), jnp.maximum(c, d))
 
@@ -58,10 +61,17 @@ def _pool_corners_forward(x):
     return pool_corners(x), x
 
 
+def _larger(p: jax.Array, q: jax.Array) -> jax.Array:
+    """``max(p, q)`` for inputs without NaN, as one comparison and a select: XLA's CPU ``maximum`` also tests
+    for NaN, and the pooled-window maxima recomputed in the backward pass at every element of the simple-CNN's
+    first layer cost 4 % of its training step that way. A NaN input already makes the forward pass NaN."""
+    return jnp.where(p > q, p, q)
+
+
 def _pool_corners_backward(x, g):
     a, b, c, d = _corners(x)
-    left, right = jnp.maximum(a, b), jnp.maximum(c, d)
-    top = jnp.maximum(left, right)
+    left, right = _larger(a, b), _larger(c, d)
+    top = _larger(left, right)
     g_left, g_right = g * _max_share(left, top, right), g * _max_share(right, top, left)
     g_a, g_b = g_left * _max_share(a, left, b), g_left * _max_share(b, left, a)
     g_c, g_d = g_right * _max_share(c, right, d), g_right * _max_share(d, right, c)
@@ -120,6 +130,19 @@ def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
                       for i in range(kh)], 3)
 
 
+def _bands_merged_columns(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
+    """The same band inputs as :func:`_bands_one_slice_each`, sliced from ``x`` viewed as ``[B, H, W C]``:
+    a band's inputs in one kernel row are ``span C`` contiguous values, which XLA's CPU loops copy as one run
+    rather than ``span`` runs of ``C``."""
+    b, h, w, c = x.shape
+    out_h, out_w = h - kh + 1, w - kw + 1
+    span = wb + kw - 1
+    flat = x.reshape(b, h, w * c)
+    rows = jnp.stack([jnp.stack([flat[:, i:i + out_h, n * wb * c:(n * wb + span) * c]
+                                 for n in range(out_w // wb)], 2) for i in range(kh)], 3)
+    return rows.reshape(b, out_h, out_w // wb, kh, span, c)
+
+
 def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     """The same band inputs as ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into
     bands."""
@@ -136,10 +159,13 @@ def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
 
 
 WIDE_FORWARD = 4  # the forward pass takes whole-width slices where bands > WIDE_FORWARD x blocks
+MERGED_CHANNELS = 3  # and one slice a band of the [B, H, W C] view for inputs of at most this many channels
 
 
-def _forward_form(kh: int, kw: int, wb: int, bands: int):
-    return _bands_whole_width if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb) else _bands_one_slice_each
+def _forward_form(kh: int, kw: int, wb: int, bands: int, channels: int):
+    if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb):
+        return _bands_whole_width
+    return _bands_merged_columns if channels <= MERGED_CHANNELS else _bands_one_slice_each
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -159,11 +185,14 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     * the forward pass takes one slice per band unless the bands outnumber the blocks more than fourfold
       (Feddle's CNN: 10 to 14 bands of 2 blocks). The whole-width forward pass cost the simple-CNN's FedAvg
       round 1.2x (7 bands of 2 blocks, and 2 of 2); one slice a band cost Feddle's CNN's training step 1.2x.
+      An input of at most 3 channels (an image) is sliced as ``[B, H, W C]``
+      (:func:`_bands_merged_columns`): the simple-CNN's first band took 0.67 against 1.0 ms a step of 64.
+      Its second layer (6 channels, the pooled output of the first) ran slower that way.
 
     Where nothing asks for the input's gradient (a first layer in training) the backward pass is not
     computed at all.
     """
-    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb)(x, kh, kw, wb)
+    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb, x.shape[3])(x, kh, kw, wb)
 
 
 def _band_rows_forward(x, kh, kw, wb):
@@ -200,9 +229,13 @@ def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     for v in range(wb):
         for j in range(kw):
             shift[v + j, v, j] = 1.0
-    toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
-    y = (rows.reshape(b * out_h * (out_w // wb), kh * span * c)
-         @ toeplitz.reshape(kh * span * c, wb * features))
+    # The weight matrix is built transposed, [wb F, kh span C], and the product contracts the last axis of
+    # both: its gradient with respect to the weights is then ``dY^T rows`` ([wb F, kh span C]), which XLA's
+    # CPU matrix products compute about twice as fast as ``rows^T dY`` (the contraction over the long axis
+    # of rows with the small operand on the left; 0.71 against 1.37 ms for the simple-CNN's first layer).
+    toeplitz_t = jnp.einsum("uvj,ijco->voiuc", shift, kernel)  # [wb, F, kh, span, C]
+    y = jax.lax.dot_general(rows.reshape(b * out_h * (out_w // wb), kh * span * c),
+                            toeplitz_t.reshape(wb * features, kh * span * c), (((1,), (1,)), ((), ())))
     return y.reshape(b, out_h, out_w, features)
 
 
