@@ -490,6 +490,9 @@ def machine_info() -> dict:
     except Exception as e:  # noqa: BLE001
         info["jax_backend"] = f"unavailable: {e}"
     info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    from records import code_commit  # the benchmarks' own folder is on sys.path
+
+    info["commit"] = code_commit()
     return info
 
 
