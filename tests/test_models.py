@@ -123,16 +123,15 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("width, kw, channels", [(14, 5, 3), (32, 5, 3), (32, 5, 4), (15, 3, 3), (17, 3, 1),
-                                                  (30, 3, 6)])
-def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw, channels):
-    """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies) and
-    the slices of the ``[B, H, W C]`` view (the forward pass's for few channels) read the same columns as one
-    slice per band, also where the last slice runs past the input (padded); ``band_rows``' own gradient
-    equals the one-slice-per-band form's, also vmapped; and the convolution's gradients match XLA's."""
+@pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
+def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
+    """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies)
+    read the same columns as one slice per band, also where the last slice runs past the input (padded);
+    ``band_rows``' own gradient equals the one-slice-per-band form's, also vmapped; and the convolution's
+    gradients match XLA's."""
     from fedjax_lab.models.layers import band_rows, band_width
 
-    x = jax.random.normal(jax.random.key(0), (2, 6, width, channels))
+    x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
     wb = band_width(width - kw + 1, kw)
     bands = (width - kw + 1) // wb
 
@@ -141,7 +140,6 @@ def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(w
                           for i in range(3)], 3)
 
     np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb), per_band(x))
-    np.testing.assert_array_equal(layers._bands_merged_columns(x, 3, kw, wb), per_band(x))
     np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band(x))
     cotangent = jax.random.normal(jax.random.key(2), per_band(x).shape)
     expected = jax.vjp(per_band, x)[1](cotangent)[0]
@@ -228,6 +226,7 @@ def test_max_pools_one_pass_gradient_is_jaxs_maximum_rule_bit_for_bit_ties_inclu
     x[:, 0, 0] = x[:, 1, 0]  # two tied corners in the same pair
     x[:, 2, 2] = x[:, 3, 3] = x[:, 2, 3]  # three tied corners across the pairs
     x[:, 4:6, 0:2] = 0.7  # all four
+    x[:, 6:8, 0:2] = np.array([[-0.0, 0.0], [0.0, -0.0]])[None, :, :, None]  # signed zeros tie too
     x, g = jnp.asarray(x, dtype), jnp.asarray(rng.normal(size=(3, 4, 3, 4)), dtype)
     ours, theirs = jax.vjp(max_pool_2x2, x), jax.vjp(plain, x)
     assert jnp.array_equal(ours[0], theirs[0])

@@ -40,8 +40,7 @@ def _max_share(x: jax.Array, ans: jax.Array, other: jax.Array) -> jax.Array:
     """The share of ``max(x, other) = ans``'s gradient that ``x`` takes, as JAX's ``max`` rule gives it:
     ``[x == ans] / (2 if other == ans else 1)`` (a tie splits it evenly)."""
     one = jnp.ones((), x.dtype)
-    # A select of 1/2 rather than a division by 2 (the same value, exactly): XLA's CPU loop over the pooled
-    # windows ran the division at every element, 2 % of the simple-CNN's training step.
+    # a select of 1/2, not a division by 2: the same values, and the round ran 2 % faster on one core
     return jnp.where(x == ans, jnp.where(other == ans, 0.5 * one, one), 0 * one)
 
 
@@ -62,9 +61,10 @@ def _pool_corners_forward(x):
 
 
 def _larger(p: jax.Array, q: jax.Array) -> jax.Array:
-    """``max(p, q)`` for inputs without NaN, as one comparison and a select: XLA's CPU ``maximum`` also tests
-    for NaN, and the pooled-window maxima recomputed in the backward pass at every element of the simple-CNN's
-    first layer cost 4 % of its training step that way. A NaN input already makes the forward pass NaN."""
+    """``max(p, q)`` for inputs without NaN, as one comparison and a select. XLA's CPU ``maximum`` also
+    propagates NaN, at several instructions an element; the backward pass recomputes the windows' maxima at
+    every element of the layer before the pool, and that way the simple-CNN's FedAvg round ran 6 % slower on
+    one core. A NaN input has already made the forward pass, so the loss, NaN."""
     return jnp.where(p > q, p, q)
 
 
@@ -130,19 +130,6 @@ def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
                       for i in range(kh)], 3)
 
 
-def _bands_merged_columns(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
-    """The same band inputs as :func:`_bands_one_slice_each`, sliced from ``x`` viewed as ``[B, H, W C]``:
-    a band's inputs in one kernel row are ``span C`` contiguous values, which XLA's CPU loops copy as one run
-    rather than ``span`` runs of ``C``."""
-    b, h, w, c = x.shape
-    out_h, out_w = h - kh + 1, w - kw + 1
-    span = wb + kw - 1
-    flat = x.reshape(b, h, w * c)
-    rows = jnp.stack([jnp.stack([flat[:, i:i + out_h, n * wb * c:(n * wb + span) * c]
-                                 for n in range(out_w // wb)], 2) for i in range(kh)], 3)
-    return rows.reshape(b, out_h, out_w // wb, kh, span, c)
-
-
 def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     """The same band inputs as ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into
     bands."""
@@ -159,13 +146,10 @@ def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
 
 
 WIDE_FORWARD = 4  # the forward pass takes whole-width slices where bands > WIDE_FORWARD x blocks
-MERGED_CHANNELS = 3  # and one slice a band of the [B, H, W C] view for inputs of at most this many channels
 
 
-def _forward_form(kh: int, kw: int, wb: int, bands: int, channels: int):
-    if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb):
-        return _bands_whole_width
-    return _bands_merged_columns if channels <= MERGED_CHANNELS else _bands_one_slice_each
+def _forward_form(kh: int, kw: int, wb: int, bands: int):
+    return _bands_whole_width if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb) else _bands_one_slice_each
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -185,14 +169,11 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     * the forward pass takes one slice per band unless the bands outnumber the blocks more than fourfold
       (Feddle's CNN: 10 to 14 bands of 2 blocks). The whole-width forward pass cost the simple-CNN's FedAvg
       round 1.2x (7 bands of 2 blocks, and 2 of 2); one slice a band cost Feddle's CNN's training step 1.2x.
-      An input of at most 3 channels (an image) is sliced as ``[B, H, W C]``
-      (:func:`_bands_merged_columns`): the simple-CNN's first band took 0.67 against 1.0 ms a step of 64.
-      Its second layer (6 channels, the pooled output of the first) ran slower that way.
 
     Where nothing asks for the input's gradient (a first layer in training) the backward pass is not
     computed at all.
     """
-    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb, x.shape[3])(x, kh, kw, wb)
+    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb)(x, kh, kw, wb)
 
 
 def _band_rows_forward(x, kh, kw, wb):
@@ -229,13 +210,9 @@ def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     for v in range(wb):
         for j in range(kw):
             shift[v + j, v, j] = 1.0
-    # The weight matrix is built transposed, [wb F, kh span C], and the product contracts the last axis of
-    # both: its gradient with respect to the weights is then ``dY^T rows`` ([wb F, kh span C]), which XLA's
-    # CPU matrix products compute about twice as fast as ``rows^T dY`` (the contraction over the long axis
-    # of rows with the small operand on the left; 0.71 against 1.37 ms for the simple-CNN's first layer).
-    toeplitz_t = jnp.einsum("uvj,ijco->voiuc", shift, kernel)  # [wb, F, kh, span, C]
-    y = jax.lax.dot_general(rows.reshape(b * out_h * (out_w // wb), kh * span * c),
-                            toeplitz_t.reshape(wb * features, kh * span * c), (((1,), (1,)), ((), ())))
+    toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
+    y = (rows.reshape(b * out_h * (out_w // wb), kh * span * c)
+         @ toeplitz.reshape(kh * span * c, wb * features))
     return y.reshape(b, out_h, out_w, features)
 
 
