@@ -58,6 +58,9 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path, monkeypatch):
     if path.name in NEEDS_MNIST and not (default_data_dir() / "mnist" / "mnist.npz").is_file():
         pytest.skip("../shared/data not present")
     monkeypatch.setenv("FEDJAX_LAB_NOTEBOOK_TINY", "1")
+    # One CPU device a kernel: the suite runs a kernel on each core already. (Every notebook also ran, and
+    # passed these checks, with its round split over both cores of a 2-core VM; test_scale tests the split.)
+    monkeypatch.setenv("FEDJAX_LAB_CPU_DEVICES", "1")
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own (inline) backend, as a reader has it
     work = tmp_path / "notebooks"
     work.mkdir()
