@@ -3,10 +3,11 @@
 
 ``python tests/sharded_worker.py devices OUT``: with 4 forced host devices, runs FedAvg, SCAFFOLD,
 FedBuff and FedAvg with local epochs over clients of unequal size (its cohort balanced over the devices) on
-1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), and a sweep of
-4 seeds with its members split over 1 and 4, and writes each run's final parameters' largest difference from
-the single-device run, and how many programs each sharded run's two blocks of rounds compiled; and whether a
-sharded run stopped and resumed from its checkpoint equals one that was not stopped.
+1 and 4 (a client at a time) of them and FedAvg on 2 (the whole share at once), every device reading one
+host copy of the training arrays on huge pages, and a sweep of 4 seeds with its members split over 1 and 4,
+and writes each run's final parameters' largest difference from the single-device run, and how many
+programs each sharded run's two blocks of rounds compiled; and whether a sharded run stopped and resumed from
+its checkpoint equals one that was not stopped.
 ``python tests/sharded_worker.py process I N ADDRESS RUN_DIR``: process ``I`` of ``N`` joined by
 ``jax.distributed`` at ``ADDRESS``, running :data:`RAW` over every process's device with the runner.
 """
@@ -57,7 +58,10 @@ def devices(out: str) -> None:
     import jax
     import numpy as np
 
+    from fedjax_lab.engine import sharding
+
     assert len(jax.devices()) == 4, jax.devices()
+    sharding.HUGE_PAGE_MIN_BYTES = 0  # every training array onto huge pages, read by every device
     result, compiles = {}, {}
     for name, change in METHODS.items():
         reference, single = _final_params({**RAW, **change, "parallel": {"devices": 1}})
@@ -71,6 +75,10 @@ def devices(out: str) -> None:
             assert experiment.plan.balances == (name == "epochs"), experiment.plan
             # the training arrays are on every device once, not copied there by each call
             assert all(len(x.sharding.device_set) == num for x in jax.tree.leaves(experiment.inputs))
+            # ... and the devices read one host copy of them, on huge pages
+            for x in experiment.inputs.train_arrays.values():
+                pointers = {shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards}
+                assert len(pointers) == 1 and pointers.pop() % sharding.HUGE_PAGE == 0, x.addressable_shards
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(reference),
                                                                     jax.tree.leaves(params)))
             result[f"{name} devices={num} chunk={chunk}"] = diff

@@ -3,7 +3,9 @@ joined by ``jax.distributed`` equals one device, and a run that cannot fit is re
 
 from __future__ import annotations
 
+import gc
 import json
+import mmap
 import os
 import socket
 import subprocess
@@ -15,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds
+from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, sharding
 from fedjax_lab.engine.types import Reduced
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.config import ConfigError, validate
@@ -241,3 +243,28 @@ def test_the_command_line_splits_the_cohort_over_the_cpu_cores_and_says_so(tmp_p
     assert [r["round"] for r in four] == [r["round"] for r in one] == list(range(5))
     for a, b in zip(one, four):
         np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_array_on_huge_pages_is_an_aligned_read_only_copy():
+    array = np.random.RandomState(0).randint(0, 256, (700, 32, 32, 3)).astype(np.uint8)  # 2.1 MB
+    copy = sharding.on_huge_pages(array)
+    assert copy.dtype == array.dtype and copy.shape == array.shape and np.array_equal(copy, array)
+    assert copy.ctypes.data != array.ctypes.data and not copy.flags.writeable
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        assert copy.ctypes.data % sharding.HUGE_PAGE == 0
+
+
+def test_a_cpu_device_reads_the_huge_page_copy_of_a_training_array_for_as_long_as_it_lives(monkeypatch):
+    monkeypatch.setattr(sharding, "HUGE_PAGE_MIN_BYTES", 4096)
+    rows = np.random.RandomState(1).normal(size=(3000, 17)).astype(np.float32)  # 204 kB: onto huge pages
+    labels = np.arange(3000, dtype=np.int32) % 7  # 12 kB: as it is
+    placed = sharding.place_training_arrays({"x": rows, "y": labels}, None)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # aliased, not copied again (XLA's CPU client takes it as it is)
+        assert placed["x"].unsafe_buffer_pointer() % sharding.HUGE_PAGE == 0
+    gc.collect()  # only the device array holds the host copy now
+    filler = [np.full((1 << 18,), i, np.float32) for i in range(64)]  # 64 MB of other allocations
+    np.testing.assert_array_equal(np.asarray(placed["x"]), rows)
+    np.testing.assert_array_equal(np.asarray(placed["y"]), labels)
+    assert float(jax.jit(lambda x: x.sum())(placed["x"])) == pytest.approx(float(rows.sum(dtype=np.float64)),
+                                                                           rel=1e-5)
+    del filler

@@ -33,7 +33,12 @@ from fedjax_lab.engine.asynchrony import DelayModel, check_store_memory
 from fedjax_lab.engine.dissimilarity import DissimilarityEvaluator
 from fedjax_lab.engine.local_evaluation import LocalEvaluator
 from fedjax_lab.engine.memory import device_memory_bytes
-from fedjax_lab.engine.sharding import StartupError, client_mesh, initialize_distributed
+from fedjax_lab.engine.sharding import (
+    StartupError,
+    client_mesh,
+    initialize_distributed,
+    place_training_arrays,
+)
 from fedjax_lab.engine.simulation import message_shapes, traced_once
 from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.algorithms import build_schedule, is_reference, make_algorithm_at
@@ -292,16 +297,16 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
                       mesh, config.parallel.aggregation, sampling_rate, cohort_order(config))
     inputs = RoundInputs(
         key=randomness.base_key(config.seed),
-        train_arrays=jax.device_put(dataset.train),
+        train_arrays=place_training_arrays(dataset.train, mesh),
         client_example_ids=jnp.asarray(dataset.client_train_ids),
         client_num_examples=jnp.asarray(dataset.client_train_counts),
         server_arrays=jax.device_put(dataset.server) if dataset.server is not None else {},
         hparams=hyperparams.as_arrays(hyperparams.hyperparams(config)),
     )
     if mesh is not None and jax.process_count() == 1:
-        # Every device reads the training arrays: left on one device, each call of the rounds (a block)
-        # would copy the whole training set to the others again. (Several processes pass their own
-        # host-local copies.)
+        # Every device reads the round's inputs: left on one device, each call of the rounds (a block)
+        # would copy them to the others again (the training arrays are placed on every device already).
+        # Several processes pass their own host-local copies.
         inputs = jax.device_put(inputs, NamedSharding(mesh, PartitionSpec()))
     evaluators = build_evaluators(config, classifier, dataset, algorithm_at, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))

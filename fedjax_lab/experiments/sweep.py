@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
-from fedjax_lab.engine.sharding import client_mesh
+from fedjax_lab.engine.sharding import client_mesh, place_training_arrays
 from fedjax_lab.engine.simulation import map_cohort
 from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.build import build_experiment
@@ -313,8 +313,10 @@ def build_sweep_program(members: list[Member], member_chunk: int,
         experiment = dataclasses.replace(experiment,
                                          plan=dataclasses.replace(experiment.plan, chunk_size=cohort_chunk))
     if mesh is not None:  # every device reads the training arrays: placed there once, not copied each call
+        train = place_training_arrays(experiment.dataset.train, mesh)
+        inputs = experiment.inputs._replace(train_arrays=train)
         experiment = dataclasses.replace(experiment, inputs=jax.device_put(
-            experiment.inputs, NamedSharding(mesh, PartitionSpec())))
+            inputs, NamedSharding(mesh, PartitionSpec())))
     algorithm_at, plan, classifier = experiment.algorithm_at, experiment.plan, experiment.classifier
 
     @jax.jit
