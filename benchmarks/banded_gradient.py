@@ -48,9 +48,9 @@ MODELS = {"simple_cnn": (SimpleCNN, 10), "feddle_cnn": (FeddleCNN, 20), "cnn3": 
 
 def conv_with(rows_of):
     """The banded convolution with its band inputs from ``rows_of(x, kh, kw, wb)``, values and gradient both
-    (no custom gradient)."""
+    (no custom gradient), one row of outputs a band as before 2026-12-01 (``band_height`` ignored)."""
 
-    def conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    def conv(x: jax.Array, kernel: jax.Array, band_height: int = 1) -> jax.Array:
         b, h, w, c = x.shape
         kh, kw, _, features = kernel.shape
         out_h, out_w = h - kh + 1, w - kw + 1

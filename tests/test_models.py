@@ -123,37 +123,53 @@ def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering,
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("height", [1, 2])
 @pytest.mark.parametrize("width, kw", [(14, 5), (32, 5), (15, 3), (17, 3), (30, 3)])
-def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw):
+def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(width, kw, height):
     """The whole-width slices reshaped into bands (the backward pass's form where it has fewer copies)
-    read the same columns as one slice per band, also where the last slice runs past the input (padded);
-    ``band_rows``' own gradient equals the one-slice-per-band form's, also vmapped; and the convolution's
-    gradients match XLA's."""
+    read the same rows and columns as one slice per band, also where the last slice runs past the input
+    (padded), for bands of 1 and 2 output rows; ``band_rows``' own gradient equals the one-slice-per-band
+    form's, also vmapped; and the convolution's gradients match XLA's."""
     from fedjax_lab.models.layers import band_rows, band_width
 
     x = jax.random.normal(jax.random.key(0), (2, 6, width, 3))
     wb = band_width(width - kw + 1, kw)
-    bands = (width - kw + 1) // wb
+    bands, groups = (width - kw + 1) // wb, 4 // height
 
-    def per_band(x):
-        return jnp.stack([jnp.stack([x[:, i:i + 4, n * wb:n * wb + wb + kw - 1] for n in range(bands)], 2)
-                          for i in range(3)], 3)
+    def per_band(x):  # band (g, n) reads rows g * height .. g * height + height + 1
+        return jnp.stack([jnp.stack([jnp.stack([x[:, g * height + i, n * wb:n * wb + wb + kw - 1]
+                                                for g in range(groups)], 1) for n in range(bands)], 2)
+                          for i in range(height + 2)], 3)
 
-    np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb), per_band(x))
-    np.testing.assert_array_equal(band_rows(x, 3, kw, wb), per_band(x))
+    np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb, height), per_band(x))
+    np.testing.assert_array_equal(band_rows(x, 3, kw, wb, height), per_band(x))
     cotangent = jax.random.normal(jax.random.key(2), per_band(x).shape)
     expected = jax.vjp(per_band, x)[1](cotangent)[0]
-    np.testing.assert_allclose(jax.vjp(lambda x: band_rows(x, 3, kw, wb), x)[1](cotangent)[0], expected,
-                               rtol=1e-5, atol=1e-5)
-    vmapped = jax.vmap(lambda x, g: jax.vjp(lambda x: band_rows(x, 3, kw, wb), x)[1](g)[0])
+    rows = lambda x: band_rows(x, 3, kw, wb, height)
+    np.testing.assert_allclose(jax.vjp(rows, x)[1](cotangent)[0], expected, rtol=1e-5, atol=1e-5)
+    vmapped = jax.vmap(lambda x, g: jax.vjp(rows, x)[1](g)[0])
     np.testing.assert_allclose(vmapped(jnp.stack([x, 2 * x]), jnp.stack([cotangent, -cotangent]))[1],
                                -expected, rtol=1e-5, atol=1e-5)
-    banded, xla = Conv(4, (3, kw), "VALID", lowering="banded"), Conv(4, (3, kw), "VALID", lowering="xla")
+    banded = Conv(4, (3, kw), "VALID", lowering="banded", band_height=height)
+    xla = Conv(4, (3, kw), "VALID", lowering="xla")
     params = xla.init(jax.random.key(1), x)
+    np.testing.assert_allclose(banded.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
     grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)
              for c in (banded, xla)]
     for a, b in zip(*map(jax.tree.leaves, grads)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_narrow_band_takes_two_rows_of_outputs_where_they_divide_the_height():
+    """The simple-CNN's first layer (4 columns x 6 filters a band) takes 2 output rows a band, its second (5 x
+    16) one; an odd output height falls back to one row a band, with the same values."""
+    assert layers.default_band_height(4, 6) == 2 and layers.default_band_height(5, 16) == 1
+    x = jax.random.normal(jax.random.key(0), (2, 9, 8, 3))  # output height 5
+    kernel = jax.random.normal(jax.random.key(1), (5, 5, 3, 6))
+    reference = jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO",
+                                                                                          "NHWC"))
+    np.testing.assert_array_equal(layers.banded_conv(x, kernel, 2), layers.banded_conv(x, kernel, 1))
+    np.testing.assert_allclose(layers.banded_conv(x, kernel, 2), reference, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("lowering", ["im2col", "banded"])

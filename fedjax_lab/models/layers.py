@@ -122,27 +122,34 @@ def _blocks(span: int, wb: int) -> int:
     return -(-span // wb)  # ceil
 
 
-def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
-    """Band inputs ``[B, out_h, bands, kh, span, C]`` as one slice of ``x`` per band and kernel row."""
+def _row_slice(i: int, groups: int, hb: int) -> slice:
+    """Input rows ``i, i + hb, ..., i + (groups - 1) hb``: row ``i`` of each band's ``hb + kh - 1``."""
+    return slice(i, i + (groups - 1) * hb + 1, hb)
+
+
+def _bands_one_slice_each(x: jax.Array, kh: int, kw: int, wb: int, hb: int = 1) -> jax.Array:
+    """Band inputs ``[B, out_h / hb, bands, hb + kh - 1, span, C]`` as one slice of ``x`` per band and input
+    row."""
     out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-    span = wb + kw - 1
-    return jnp.stack([jnp.stack([x[:, i:i + out_h, n * wb:n * wb + span] for n in range(out_w // wb)], 2)
-                      for i in range(kh)], 3)
+    span, groups = wb + kw - 1, out_h // hb
+    return jnp.stack([jnp.stack([x[:, _row_slice(i, groups, hb), n * wb:n * wb + span]
+                                 for n in range(out_w // wb)], 2)
+                      for i in range(hb + kh - 1)], 3)
 
 
-def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
-    """The same band inputs as ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into
+def _bands_whole_width(x: jax.Array, kh: int, kw: int, wb: int, hb: int = 1) -> jax.Array:
+    """The same band inputs as ``ceil(span / wb)`` whole-width slices per input row, each reshaped into
     bands."""
     b, h, w, c = x.shape
     out_h, out_w = h - kh + 1, w - kw + 1
-    bands, span = out_w // wb, wb + kw - 1
+    bands, span, groups, rows_h = out_w // wb, wb + kw - 1, out_h // hb, hb + kh - 1
     blocks = _blocks(span, wb)
     # The last block may run past the input; the columns it reads there lie beyond ``span`` and are dropped.
     x = jnp.pad(x, ((0, 0), (0, 0), (0, (bands + blocks - 1) * wb - w), (0, 0)))
-    rows = jnp.stack([jnp.stack([x[:, i:i + out_h, q * wb:(q + bands) * wb].reshape(b, out_h, bands, wb, c)
-                                 for q in range(blocks)], 3)
-                      for i in range(kh)], 3)  # [B, out_h, bands, kh, blocks, wb, C]
-    return rows.reshape(b, out_h, bands, kh, blocks * wb, c)[:, :, :, :, :span]
+    rows = jnp.stack([jnp.stack([x[:, _row_slice(i, groups, hb), q * wb:(q + bands) * wb].reshape(
+        b, groups, bands, wb, c) for q in range(blocks)], 3)
+                      for i in range(rows_h)], 3)  # [B, groups, bands, rows_h, blocks, wb, C]
+    return rows.reshape(b, groups, bands, rows_h, blocks * wb, c)[:, :, :, :, :span]
 
 
 WIDE_FORWARD = 4  # the forward pass takes whole-width slices where bands > WIDE_FORWARD x blocks
@@ -152,10 +159,11 @@ def _forward_form(kh: int, kw: int, wb: int, bands: int):
     return _bands_whole_width if bands > WIDE_FORWARD * _blocks(wb + kw - 1, wb) else _bands_one_slice_each
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
-    """The inputs each band of ``wb`` output columns reads, ``[B, out_h, bands, kh, wb + kw - 1, C]``: band
-    ``n`` reads columns ``n wb .. n wb + span - 1``.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def band_rows(x: jax.Array, kh: int, kw: int, wb: int, hb: int = 1) -> jax.Array:
+    """The inputs each band of ``hb`` output rows by ``wb`` output columns reads,
+    ``[B, out_h / hb, bands, hb + kh - 1, wb + kw - 1, C]``: band ``(g, n)`` reads rows ``g hb .. g hb + hb
+    + kh - 2`` and columns ``n wb .. n wb + span - 1``.
 
     Two constructions give the same values: one slice per band and kernel row (``kh x bands`` slices), or
     ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands. Their gradients with
@@ -173,47 +181,76 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int) -> jax.Array:
     Where nothing asks for the input's gradient (a first layer in training) the backward pass is not
     computed at all.
     """
-    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb)(x, kh, kw, wb)
+    return _forward_form(kh, kw, wb, (x.shape[2] - kw + 1) // wb)(x, kh, kw, wb, hb)
 
 
-def _band_rows_forward(x, kh, kw, wb):
-    return band_rows(x, kh, kw, wb), None
+def _band_rows_forward(x, kh, kw, wb, hb):
+    return band_rows(x, kh, kw, wb, hb), None
 
 
-def _band_rows_backward(kh, kw, wb, _, rows_cotangent):
-    b, out_h, bands, _, span, c = rows_cotangent.shape
-    x = jax.ShapeDtypeStruct((b, out_h + kh - 1, bands * wb + kw - 1, c), rows_cotangent.dtype)
+def _band_rows_backward(kh, kw, wb, hb, _, rows_cotangent):
+    b, groups, bands, _, span, c = rows_cotangent.shape
+    x = jax.ShapeDtypeStruct((b, groups * hb + kh - 1, bands * wb + kw - 1, c), rows_cotangent.dtype)
     form = _bands_whole_width if bands > _blocks(span, wb) else _bands_one_slice_each
-    return jax.linear_transpose(functools.partial(form, kh=kh, kw=kw, wb=wb), x)(rows_cotangent)
+    return jax.linear_transpose(functools.partial(form, kh=kh, kw=kw, wb=wb, hb=hb), x)(rows_cotangent)
 
 
 band_rows.defvjp(_band_rows_forward, _band_rows_backward)
 
 
-def banded_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
+def _shift(span: int, width: int, taps: int) -> np.ndarray:
+    """``S[v + j, v, j] = 1``: which of ``span`` inputs tap ``j`` of output ``v`` reads."""
+    shift = np.zeros((span, width, taps), np.float32)
+    for v in range(width):
+        for j in range(taps):
+            shift[v + j, v, j] = 1.0
+    return shift
+
+
+def banded_conv(x: jax.Array, kernel: jax.Array, band_height: int = 1) -> jax.Array:
     """A VALID stride-1 convolution as one matrix product against a block-Toeplitz ("banded") weight matrix.
 
-    Output columns are taken ``wb`` at a time. A row of the left operand holds the ``kh x (wb + kw - 1) x C``
-    inputs one band needs (:func:`band_rows`, duplicating inputs ``kh (wb + kw - 1) / wb`` times, against
-    im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (v, o)] = kernel[i, u - v, c, o]`` (zero off the
-    band) comes from a small einsum, so the gradients are matrix products too. XLA's CPU convolution is slow
-    for the few channels of small CNNs; this lowering makes the simple-CNN step several times faster there
-    (docs/benchmarks.md).
+    Output columns are taken ``wb`` at a time, and output rows ``hb = band_height`` at a time (1 where it
+    does not divide the output's height). A row of the left operand holds the ``(hb + kh - 1) x (wb + kw -
+    1) x C`` inputs one band needs (:func:`band_rows`, duplicating inputs ``(hb + kh - 1) (wb + kw - 1) /
+    (hb wb)`` times, against im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (r, v, o)] = kernel[i -
+    r, u - v, c, o]`` (zero off the band) comes from a small einsum, so the gradients are matrix products
+    too. XLA's CPU convolution is slow for the few channels of small CNNs; this lowering makes the
+    simple-CNN step several times faster there (docs/benchmarks.md). Taller bands cut the duplicated inputs
+    (the simple-CNN's first layer: 10x to 6x) for a product with more FLOPs (120 to 144 a output) but wider
+    and shorter operands.
     """
     b, h, w, c = x.shape
     kh, kw, _, features = kernel.shape
     out_h, out_w = h - kh + 1, w - kw + 1
     wb = band_width(out_w, kw)
-    span = wb + kw - 1
-    rows = band_rows(x, kh, kw, wb)
-    shift = np.zeros((span, wb, kw), np.float32)
-    for v in range(wb):
-        for j in range(kw):
-            shift[v + j, v, j] = 1.0
-    toeplitz = jnp.einsum("uvj,ijco->iucvo", shift, kernel)  # [kh, span, C, wb, F]
-    y = (rows.reshape(b * out_h * (out_w // wb), kh * span * c)
-         @ toeplitz.reshape(kh * span * c, wb * features))
+    hb = band_height if out_h % band_height == 0 else 1
+    span, rows_h = wb + kw - 1, hb + kh - 1
+    rows = band_rows(x, kh, kw, wb, hb)
+    if hb == 1:
+        toeplitz = jnp.einsum("uvj,ijco->iucvo", _shift(span, wb, kw), kernel)  # [kh, span, C, wb, F]
+    else:  # [hb + kh - 1, span, C, hb, wb, F]
+        toeplitz = jnp.einsum("ira,uvj,ajco->iucrvo", _shift(rows_h, hb, kh), _shift(span, wb, kw), kernel)
+    y = (rows.reshape(b * (out_h // hb) * (out_w // wb), rows_h * span * c)
+         @ toeplitz.reshape(rows_h * span * c, hb * wb * features))
+    if hb > 1:  # [B, groups, bands, hb, wb, F] -> [B, groups, hb, bands, wb, F]
+        y = y.reshape(b, out_h // hb, out_w // wb, hb, wb, features).transpose(0, 1, 3, 2, 4, 5)
     return y.reshape(b, out_h, out_w, features)
+
+
+NARROW_BAND = 32
+"""A band whose product has fewer outputs than this (``wb x F``) is narrow: it takes two rows of outputs."""
+
+
+def default_band_height(width: int, features: int) -> int:
+    """Output rows a band of ``width`` columns takes in a layer of ``features`` filters: 2 where the band's
+    product would be narrow (``width x features`` below :data:`NARROW_BAND`), else 1.
+
+    Measured in the engine's round on one core of the Intel VM: the simple-CNN's FedAvg epoch round ran 1.05x
+    faster with bands of 2 rows in its first layer (4 columns x 6 filters), and slower with 4. A bare
+    training step of the zoo's other CNNs, whose first layers have 16 or 32 filters, ran 0.97-1.01x with 2
+    rows, so they keep 1 (docs/benchmarks.md)."""
+    return 2 if width * features < NARROW_BAND else 1
 
 
 class Conv(nn.Module):
@@ -227,6 +264,8 @@ class Conv(nn.Module):
       fall back to ``'im2col'``).
 
     ``padding``: ``'SAME'`` (stride 1 only, XLA's), ``'VALID'``, or ``p`` zeros on every side.
+    ``band_height``: output rows a band of the banded lowering takes; ``None`` for
+    :func:`default_band_height`.
     """
 
     features: int
@@ -237,6 +276,7 @@ class Conv(nn.Module):
     kernel_init: nn.initializers.Initializer = nn.linear.default_kernel_init
     bias_init: nn.initializers.Initializer = nn.initializers.zeros
     strides: tuple[int, int] = (1, 1)
+    band_height: int | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -245,7 +285,9 @@ class Conv(nn.Module):
             raise ValueError("Conv: padding 'SAME' is for stride 1; give the padding as a number of zeros")
         kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
         if self.lowering == "banded" and self.strides == (1, 1):
-            y = banded_conv(pad_input(x, self.kernel_size, self.padding), kernel)
+            x = pad_input(x, self.kernel_size, self.padding)
+            width = band_width(x.shape[2] - kw + 1, kw)
+            y = banded_conv(x, kernel, self.band_height or default_band_height(width, self.features))
         elif self.lowering in ("im2col", "banded"):
             y = im2col(x, self.kernel_size, self.padding, self.strides) @ kernel.reshape(-1, self.features)
         else:
