@@ -217,8 +217,8 @@ def banded_conv(x: jax.Array, kernel: jax.Array, band_height: int = 1) -> jax.Ar
     r, u - v, c, o]`` (zero off the band) comes from a small einsum, so the gradients are matrix products
     too. XLA's CPU convolution is slow for the few channels of small CNNs; this lowering makes the
     simple-CNN step several times faster there (docs/benchmarks.md). Taller bands cut the duplicated inputs
-    (the simple-CNN's first layer: 10x to 6x) for a product with more FLOPs (120 to 144 a output) but wider
-    and shorter operands.
+    (the simple-CNN's first layer: 10x to 6x) for a product with more FLOPs (144 instead of 120 an output) but
+    wider and shorter operands.
     """
     b, h, w, c = x.shape
     kh, kw, _, features = kernel.shape
@@ -246,10 +246,10 @@ def default_band_height(width: int, features: int) -> int:
     """Output rows a band of ``width`` columns takes in a layer of ``features`` filters: 2 where the band's
     product would be narrow (``width x features`` below :data:`NARROW_BAND`), else 1.
 
-    Measured in the engine's round on one core of the Intel VM: the simple-CNN's FedAvg epoch round ran 1.05x
-    faster with bands of 2 rows in its first layer (4 columns x 6 filters), and slower with 4. A bare
-    training step of the zoo's other CNNs, whose first layers have 16 or 32 filters, ran 0.97-1.01x with 2
-    rows, so they keep 1 (docs/benchmarks.md)."""
+    Measured in the engine's round on the 2-core Intel VM: the simple-CNN's FedAvg epoch round ran 1.05x
+    faster on one core with bands of 2 rows in its first layer (4 columns x 6 filters), 1.10x split over both
+    cores, and slower with 4. A bare training step of the zoo's other CNNs, whose first layers have 16 or 32
+    filters, ran 0.97-1.01x with 2 rows, so they keep 1 (docs/benchmarks.md)."""
     return 2 if width * features < NARROW_BAND else 1
 
 
