@@ -165,8 +165,9 @@ def band_rows(x: jax.Array, kh: int, kw: int, wb: int, hb: int = 1) -> jax.Array
     ``[B, out_h / hb, bands, hb + kh - 1, wb + kw - 1, C]``: band ``(g, n)`` reads rows ``g hb .. g hb + hb
     + kh - 2`` and columns ``n wb .. n wb + span - 1``.
 
-    Two constructions give the same values: one slice per band and kernel row (``kh x bands`` slices), or
-    ``ceil(span / wb)`` whole-width slices per kernel row, each reshaped into bands. Their gradients with
+    Two constructions give the same values: one slice per band and input row (``(hb + kh - 1) x bands``
+    slices), or ``ceil(span / wb)`` whole-width slices per input row, each reshaped into bands (a slice
+    takes every ``hb``-th row of ``x``). Their gradients with
     respect to ``x`` (the transpose of the slices: shifted copies of the cotangent, summed) differ in cost,
     and so do their forward passes, so each pass takes its own:
 
