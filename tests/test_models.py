@@ -254,12 +254,23 @@ def test_max_pools_one_pass_gradient_is_jaxs_maximum_rule_bit_for_bit_ties_inclu
     assert jnp.array_equal(batched[:, 0], expected)
 
 
-def test_local_response_norm_matches_the_formula():
-    x = jax.random.normal(jax.random.key(0), (1, 2, 2, 12))
-    c = 5
-    window = jnp.sum(jnp.square(x[..., c - 4:c + 5]), -1)
-    np.testing.assert_allclose(local_response_norm(x)[..., c], x[..., c] / (1 + 0.001 / 9 * window) ** 0.75,
-                               rtol=1e-6)
+@pytest.mark.parametrize("depth_radius, beta", [(4, 0.75), (2, 0.5)])
+def test_local_response_norm_and_its_gradient_match_the_formula_on_every_channel(depth_radius, beta):
+    x = np.asarray(jax.random.normal(jax.random.key(0), (2, 3, 2, 12))) * 3
+    padded = np.pad(np.square(x.astype(np.float64)), ((0, 0),) * 3 + ((depth_radius, depth_radius),))
+    window = sum(padded[..., i:i + 12] for i in range(2 * depth_radius + 1))  # edges: the channels that exist
+    expected = x / (1 + 0.001 / 9 * window) ** beta
+    got = local_response_norm(jnp.asarray(x), depth_radius=depth_radius, beta=beta)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+    def naive(x):  # the formula as written, a power of shifted slices
+        squared = jnp.pad(jnp.square(x), ((0, 0),) * 3 + ((depth_radius, depth_radius),))
+        return x / (1 + 0.001 / 9 * sum(squared[..., i:i + 12] for i in range(2 * depth_radius + 1))) ** beta
+
+    weights = jax.random.normal(jax.random.key(1), x.shape)
+    grads = [jax.grad(lambda x, f=f: jnp.sum(weights * f(x)))(jnp.asarray(x))
+             for f in (naive, lambda x: local_response_norm(x, depth_radius=depth_radius, beta=beta))]
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-6)
 
 
 def test_squared_hinge_svm_loss_and_gradient_match_bherd():
