@@ -8,7 +8,8 @@ from conftest import assert_trees_close, make_fedavg, make_inputs
 
 from fedjax_lab.data import FederatedDataset, index_table
 from fedjax_lab.engine import CohortPlan, LocalSchedule, init_loop_state, make_run_rounds, train_locally
-from fedjax_lab.engine.local_training import batch_slots, epoch_permutations
+from fedjax_lab.engine.cohort_loop import CHUNK
+from fedjax_lab.engine.local_training import LocalHooks, batch_slots, epoch_permutations
 from fedjax_lab.engine.types import ClientData
 from fedjax_lab.models import Classifier, LogisticRegression, cross_entropy_loss
 
@@ -84,3 +85,42 @@ def test_vmapped_client_that_finishes_early_matches_it_trained_alone():
     assert stats.num_steps.tolist() == [4, 18]
     assert_trees_close(jax.tree.map(lambda a: a[0], together), alone)
     np.testing.assert_allclose(stats.mean_loss[0], alone_stats.mean_loss, rtol=1e-6)
+
+
+def _first(size, tree):
+    return jax.tree.map(lambda a: a[:size], tree)
+
+
+def test_stacked_step_outputs_skip_the_steps_past_a_chunks_longest_client_and_equal_the_masked_scan():
+    """Per-step outputs (BHerd's) need a scan of the population's most steps. Vmapped over a named chunk
+    (``cohort_loop.CHUNK``), steps past the chunk's longest client go under a cond whose predicate is not
+    batched, so they are skipped at run time; the outputs and the trained variables equal the masked scan's
+    (an unnamed vmap, which cannot tell) bit for bit, zeros past each client's own steps included."""
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(60, 4)).astype(np.float32)
+    y = rng.randint(3, size=60).astype(np.int32)
+    ids, counts = index_table([np.arange(0, 6), np.arange(6, 20), np.arange(20, 60)])  # 2, 4 and 10 steps
+    clf = Classifier(LogisticRegression(3), (4,))
+    loss = cross_entropy_loss(clf.predict)
+    schedule = LocalSchedule(4, local_epochs=1)
+    params = clf.init(jax.random.key(0))
+    arrays = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
+    hooks = LocalHooks(step_output=lambda record: jax.tree.map(lambda g: 2.0 * g, record.grads))
+    keys = jax.random.split(jax.random.key(1), 3)
+    clients = ClientData(jnp.arange(3), jnp.asarray(ids), jnp.asarray(counts), data_key=keys)
+
+    def train(client, key):
+        return train_locally(params, loss, optax.sgd(0.3), client, arrays, key, schedule, hooks)
+
+    masked = jax.jit(jax.vmap(train))(clients, keys)
+    for size in (2, 3):  # the chunk's longest client: 4 steps of the scan's 10, then all 10
+        skipped = jax.jit(jax.vmap(train, axis_name=CHUNK))(*_first(size, (clients, keys)))
+        equal = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True)), _first(size, masked),
+                             skipped)
+        assert jax.tree.all(equal)
+    assert masked[1].num_steps.tolist() == [2, 4, 10]
+    kernel = masked[1].step_outputs["output"]["kernel"]  # [client, step, ...]
+    assert not np.any(kernel[0, 2:]) and np.all(np.any(kernel[2] != 0, axis=(1, 2)))
+
+    jaxpr = str(jax.make_jaxpr(jax.vmap(train, axis_name=CHUNK))(clients, keys))
+    assert "pmax" in jaxpr and "cond[" in jaxpr

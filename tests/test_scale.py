@@ -124,9 +124,13 @@ def test_building_and_sizing_an_asynchronous_run_traces_its_client_update_once(m
 
     calls = []
     traced = simulation.message_shapes
-    monkeypatch.setattr(build, "message_shapes", lambda *args: calls.append(1) or traced(*args))
-    monkeypatch.setattr(memory_fit, "message_shapes", lambda *args: calls.append(1) or traced(*args))
-    monkeypatch.setattr(simulation, "message_shapes", lambda *args: calls.append(1) or traced(*args))
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return traced(*args, **kwargs)
+
+    for module in (build, memory_fit, simulation):
+        monkeypatch.setattr(module, "message_shapes", counted)
     raw = {**RAW, "algorithm": {"name": "fedbuff", "buffer_size": 4}, "asynchrony": {"sigma": 1.0}}
     experiment = build.build_experiment(validate(raw))
     state = jax.eval_shape(experiment.initial_state)

@@ -33,6 +33,8 @@ from jax.sharding import PartitionSpec as P
 
 CLIENTS = "clients"
 """The name of the mesh axis the cohort is split over."""
+CHUNK = "chunk"
+"""The axis name of a chunk's clients, vmapped together (a client's work may reduce over it)."""
 
 
 def balanced_order(work: jax.Array, num_devices: int, chunk_size: int) -> jax.Array:
@@ -87,13 +89,14 @@ def _map_local(fn: Callable[..., Any], chunk_size: int | None, reduce: Callable[
     cohort_size = jax.tree.leaves(stacked)[0].shape[0]
     chunk_size = chunk_size or cohort_size
     num_chunks = cohort_size // chunk_size
+    vmapped = jax.vmap(fn, axis_name=CHUNK)
     if reduce is None:
         if num_chunks == 1:
-            return jax.vmap(fn)(*stacked)
-        return _unchunked(jax.lax.map(lambda args: jax.vmap(fn)(*args), _chunked(stacked, num_chunks)))
+            return vmapped(*stacked)
+        return _unchunked(jax.lax.map(lambda args: vmapped(*args), _chunked(stacked, num_chunks)))
 
     def chunk_sums(args):
-        first, *rest = jax.vmap(fn)(*args)
+        first, *rest = vmapped(*args)
         return reduce(first, *args), tuple(rest)
 
     if num_chunks == 1:

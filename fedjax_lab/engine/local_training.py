@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lab.engine.cohort_loop import CHUNK
 from fedjax_lab.engine.randomness import Purpose
 from fedjax_lab.engine.tree_math import tree_where
 from fedjax_lab.engine.types import Arrays, ClientData, Forward, ForwardFn, LossFn, Params, PyTree, as_forward
@@ -273,12 +274,31 @@ def batch_order_key(key: jax.Array, client: ClientData, schedule: LocalSchedule)
     return jax.random.fold_in(client.data_key, Purpose.SHUFFLE)
 
 
+def _most_in_chunk(num_steps: jax.Array) -> jax.Array | None:
+    """The most local steps of the clients vmapped together with this one (:data:`cohort_loop.CHUNK`), the
+    same for all of them; ``None`` outside such a vmap."""
+    try:
+        return jax.lax.pmax(num_steps, CHUNK)
+    except NameError:  # no chunk axis: a client trained on its own (a server's fine-tuning)
+        return None
+
+
 def _run_steps(step, carry, schedule: LocalSchedule, max_examples: int, num_steps: jax.Array, stacked: bool):
     """Runs ``step(carry, s) -> (carry, output)`` over the local steps: a ``scan`` of the population's most
     steps when outputs are stacked (they need a static length) or the budget is in steps, else a while
     loop."""
     if stacked:
-        return jax.lax.scan(step, carry, jnp.arange(schedule.max_steps(max_examples)), unroll=schedule.unroll)
+        steps = jnp.arange(schedule.max_steps(max_examples))
+        most = None if schedule.local_steps is not None else _most_in_chunk(num_steps)
+        if most is None:
+            return jax.lax.scan(step, carry, steps, unroll=schedule.unroll)
+        # Steps past the chunk's longest client keep every carry and output zeros, as the masked step would:
+        # on a predicate that is not batched, a cond skips them at run time (BHerd's CNN on all of MNIST,
+        # case 3: 596 steps of a cohort's 5 x 176).
+        zeros = jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), jax.eval_shape(step, carry, steps[0])[1])
+        return jax.lax.scan(
+            lambda carry, s: jax.lax.cond(s < most, step, lambda carry, s: (carry, zeros), carry, s),
+            carry, steps, unroll=schedule.unroll)
 
     # Client step counts differ: a while loop runs to this cohort's longest client (under vmap, the loop
     # continues while any client is active) instead of to the population's largest client.

@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from fedjax_lab.engine import randomness
 from fedjax_lab.engine.aggregation import masked_mean
 from fedjax_lab.engine.asynchrony import DelayModel, init_async_state, run_async_round, store_capacity
-from fedjax_lab.engine.cohort_loop import CLIENTS, balanced_order, map_cohort
+from fedjax_lab.engine.cohort_loop import CHUNK, CLIENTS, balanced_order, map_cohort
 from fedjax_lab.engine.sampling import sample_cohort, sample_poisson_cohort
 from fedjax_lab.engine.tree_math import tree_put, tree_select, tree_stack_copies, tree_take
 from fedjax_lab.engine.types import (
@@ -177,13 +177,14 @@ class CohortPlan:
 
 
 def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs,
-                   client_update: Callable[..., Any] | None = None) -> Any:
+                   client_update: Callable[..., Any] | None = None, chunk_size: int = 1) -> Any:
     """The shapes of one client's message (``jax.eval_shape`` of the client update; nothing is computed).
 
     ``client_update``: the :func:`traced_once` function the rounds will run (``make_run_rounds``'s argument of
-    that name), traced here for round 0 with the arguments a round passes it: JAX keeps that trace, and the
-    round, which vmaps the same function over the cohort, reuses it instead of tracing the client's training
-    again.
+    that name), traced here for round 0 with the arguments a round passes it, under a vmap named
+    :data:`~fedjax_lab.engine.cohort_loop.CHUNK` of the round's ``chunk_size`` clients: JAX keeps that trace
+    (its key holds the named axis and its size), and the round, which vmaps the same function over its
+    chunks, reuses it instead of tracing the client's training again.
     """
 
     def message(params, inputs):
@@ -191,9 +192,16 @@ def message_shapes(algorithm: Algorithm, params: Params, inputs: RoundInputs,
         client_state = algorithm.client_init(server_state)
         client = ClientData(jnp.zeros((), jnp.int32), inputs.client_example_ids[0],
                             inputs.client_num_examples[0], randomness.data_key(inputs.key, 0))
-        if client_update is not None:
-            key = randomness.client_key(inputs.key, jnp.zeros((), jnp.int32), 0)
-            return client_update(server_state, jnp.zeros((), jnp.int32), inputs, client_state, client, key)[0]
+        if client_update is not None:  # under the chunk's named vmap, as the round calls it
+            r = jnp.zeros((), jnp.int32)
+            key = randomness.client_key(inputs.key, r, 0)
+
+            def one(client_state, client, key):
+                return client_update(server_state, r, inputs, client_state, client, key)[0]
+
+            stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (chunk_size, *jnp.shape(x))),
+                                   (client_state, client, key))
+            return jax.tree.map(lambda x: x[0], jax.vmap(one, axis_name=CHUNK)(*stacked))
         return algorithm.client_update(server_state, client_state, client, inputs.train_arrays, inputs.key)[0]
 
     return jax.eval_shape(message, params, inputs)

@@ -311,7 +311,8 @@ def _assemble(config: Config, dataset: FederatedDataset) -> Experiment:
     evaluators = build_evaluators(config, classifier, dataset, algorithm_at, chunk_size)
     algorithm = algorithm_at(inputs, jnp.zeros((), jnp.int32))
     client_update = traced_once(algorithm_at)
-    messages = message_shapes(algorithm, classifier.variable_shapes, inputs, client_update)
+    messages = message_shapes(algorithm, classifier.variable_shapes, inputs, client_update,
+                              chunk_size=plan.chunk_size or plan.share)
     if plan.asynchronous:
         try:
             check_store_memory(messages, plan.capacity, plan.buffer_size, device_memory_bytes() // 2)

@@ -1,0 +1,129 @@
+"""The engine's round of BHerd's CNN with two of its costs as now and as they were (``--compare``).
+
+``--compare lrn`` (FedAvg): ``fedjax_lab/models/layers.py: local_response_norm`` sums the channel window with
+one ``reduce_window`` and, for ``beta = 0.75``, takes ``rsqrt(t) sqrt(rsqrt(t))`` for ``t^-3/4``. Until
+2026-12-01 it summed nine shifted slices of a padded square and took a power, which on a CPU core made the two
+normalisations most of the training step. Ways: ``window`` (as the model builds it) and ``slices`` (the former
+form, patched into ``fedjax_lab.models.cnns``).
+
+``--compare padding`` (BHerd-FedAvg, alpha 0.5): BHerd's per-step outputs need a scan of the population's most
+steps; since 2026-12-01 the steps past the longest client of a chunk go under a ``cond`` on the chunk's most
+steps (``local_training._most_in_chunk``) and are skipped, where before every client ran the scan's whole
+length, masked. Ways: ``skip`` (as the engine runs it) and ``masked`` (the former scan, patched in).
+
+Workload: ``configs/bherd/cnn_mnist.yaml`` (the paper's CNN, 5 clients, B = 100, one local epoch), partition
+case 3 (clients of 10,198 to 17,635 rows on all of MNIST: 101 to 176 steps), on a 6,000-row subset (a tenth: a
+round of all 60,000 rows takes about a minute), the rules' layout, one CPU device (the cohort of 5 does not
+split over 2). Each way runs in a fresh process, the ways alternating, ``--reps`` times; a process compiles,
+runs a warm-up round, then times ``--calls`` rounds. Writes
+``benchmarks/results/bherd-cnn-<compare>-<cpu>-<date>.json`` with the commit and the machine. This is a
+benchmark, not a test.
+
+Usage::
+
+    taskset -c 0 python benchmarks/bherd_cnn_round.py                     # one core: about 5 minutes
+    taskset -c 0 python benchmarks/bherd_cnn_round.py --compare padding
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMPARES = {  # compare: ((now, before), the method's overrides)
+    "lrn": (("window", "slices"), ["algorithm={name: fedavg}"]),
+    "padding": (("skip", "masked"), ["algorithm={name: bherd, alpha: 0.5}", "client.batch_order=fixed"]),
+}
+OVERRIDES = ["dataset.partition.case=3", "dataset.subset=6000", "rounds.layout=rules", "parallel.devices=1",
+             "eval.every=1000", "rounds.num_rounds=1000"]
+
+
+def slices_and_power(x, depth_radius: int = 4, bias: float = 1.0, alpha: float = 0.001 / 9,
+                     beta: float = 0.75):
+    """The normalisation before 2026-12-01: a power of the sum of shifted slices."""
+    import jax.numpy as jnp
+
+    squared = jnp.pad(jnp.square(x), ((0, 0),) * (x.ndim - 1) + ((depth_radius, depth_radius),))
+    channels = x.shape[-1]
+    window = sum(squared[..., i:i + channels] for i in range(2 * depth_radius + 1))
+    return x / (bias + alpha * window) ** beta
+
+
+def worker(compare: str, way: str, calls: int) -> dict:
+    import jax
+
+    from fedjax_lab.engine import local_training
+    from fedjax_lab.experiments import build_experiment, load_config
+    from fedjax_lab.models import cnns
+
+    if way == "slices":
+        cnns.local_response_norm = slices_and_power
+    if way == "masked":
+        local_training._most_in_chunk = lambda num_steps: None
+    overrides = [*COMPARES[compare][1], *OVERRIDES]
+    experiment = build_experiment(load_config(REPO / "configs" / "bherd" / "cnn_mnist.yaml", overrides))
+    state = jax.block_until_ready(experiment.run_rounds(experiment.initial_state(), experiment.inputs,
+                                                        num_rounds=1)[0])
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        state = jax.block_until_ready(experiment.run_rounds(state, experiment.inputs, num_rounds=1)[0])
+        seconds.append(time.perf_counter() - start)
+    # every client a round, one epoch of whole batches (the config drops the remainder)
+    rows = int(sum(n // 100 * 100 for n in experiment.dataset.client_train_counts))
+    return {"examples_per_s": [rows / s for s in seconds], "seconds_per_round": seconds,
+            "devices": jax.device_count(), "chunk_size": experiment.plan.chunk_size,
+            "cpu_matmul": experiment.cpu_matmul}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", choices=list(COMPARES), default="lrn")
+    parser.add_argument("--reps", type=int, default=3, help="alternating rounds of processes, one a way")
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    ways = COMPARES[args.compare][0]
+    if args.worker:
+        print(json.dumps(worker(args.compare, args.worker, args.calls)))
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fedavg_mlp_throughput import machine_info, machine_kind
+
+    runs = {way: [] for way in ways}
+    for rep in range(args.reps):
+        for way in ways:
+            command = [sys.executable, __file__, "--compare", args.compare, "--worker", way, "--calls",
+                       str(args.calls)]
+            out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"rep {rep} {way:>8}: {statistics.median(runs[way][-1]['examples_per_s']):,.0f} ex/s",
+                  flush=True)
+    now, before = ways
+    medians = {way: statistics.median(r for run in runs[way] for r in run["examples_per_s"]) for way in ways}
+    pairs = [statistics.median(w["examples_per_s"]) / statistics.median(s["examples_per_s"])
+             for w, s in zip(runs[now], runs[before])]
+    print(f"{now} {medians[now]:,.0f} ex/s, {before} {medians[before]:,.0f}: "
+          f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
+    info = machine_info()
+    date = datetime.date.today().isoformat()
+    record = {"benchmark": "bherd_cnn_round", "date": date, "machine": info, "args": vars(args),
+              "overrides": [*COMPARES[args.compare][1], *OVERRIDES], "runs": runs,
+              "median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
+              "speedup_per_repetition": pairs}
+    path = Path(args.out) / f"bherd-cnn-{args.compare}-{machine_kind(info)}-{date.replace('-', '')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
