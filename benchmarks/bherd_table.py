@@ -84,8 +84,8 @@ SCALED = ["dataset.subset=1000", "client.batch_size=5", "rounds.num_rounds=40", 
 # rounds (the paper: 500), case 3 only. B = 10 (tau near the paper's) measured 4x slower a row on this CPU.
 TENTH = ["dataset.subset=6000", "client.batch_size=25", "rounds.num_rounds=150", "eval.every=10"]
 # The CNN at the paper's federation and local work: all 60,000 rows, B = 100 (tau = 101 to 176), for 150 of
-# its 500 rounds (30 % of its client work): a GPU's job (about 21 s a FedAvg round on this 2-core CPU; BHerd
-# ran 10 rounds in 40 minutes on one core of the AMD VM beside another run, 2026-11-30: about 10 hours a run).
+# its 500 rounds (30 % of its client work): about 50 s a round on one core of the Intel VM since 2026-12-01
+# (docs/benchmarks.md: it was 4 minutes a BHerd round), two hours a run.
 FULL = ["rounds.num_rounds=150", "eval.every=10", "checkpoint.every_blocks=1"]
 PARTS = {  # part: (config, cases, extra overrides)
     "svm": ("svm_mnist.yaml", (1, 2, 3), []),
@@ -507,7 +507,8 @@ def report(runs: Path, seeds, out_dir: Path) -> Path:
                    + "."), ""]
     if not has_runs(runs / "cnn_full"):
         lines += [("Not run yet: the CNN on all of MNIST (`python benchmarks/bherd_table.py --parts cnn_full "
-                   "--methods fedavg bherd bherd_rr`, a GPU's job)."), ""]
+                   "--methods fedavg bherd bherd_rr`; about two hours a run on a CPU core, "
+                   "[running.md](running.md))."), ""]
     for part, title, cases, checkpoints in SECTIONS:
         if not has_runs(runs / part):
             continue
