@@ -308,7 +308,7 @@ def local_response_norm(x: jax.Array, depth_radius: int = 4, bias: float = 1.0, 
     The window sum is one ``reduce_window`` over the channels, and ``beta = 0.75`` (TensorFlow's default, and
     BHerd's CNN) takes ``t^-3/4 = rsqrt(t) sqrt(rsqrt(t))`` in place of a power. On a CPU core a sum of
     shifted slices and a power made the two normalisations most of BHerd's CNN training step; with this form
-    the engine's round of that CNN runs 2.4x faster (``benchmarks/bherd_cnn_round.py``)."""
+    the engine's round of that CNN runs about 2x faster (``benchmarks/bherd_cnn_round.py``)."""
     lead = (1,) * (x.ndim - 1)
     window = jax.lax.reduce_window(jnp.square(x), 0.0, jax.lax.add, (*lead, 2 * depth_radius + 1), (*lead, 1),
                                    ((0, 0),) * len(lead) + ((depth_radius, depth_radius),))
