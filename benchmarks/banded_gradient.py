@@ -11,7 +11,8 @@ at a time, are ``kh x ceil(span / wb)`` slices (10 and 6). The constructions:
 * ``whole_width``: whole-width slices, values and gradient (2026-11-26 to 11-27; its forward pass and its
   gradient where it saves no copy cost the simple-CNN's FedAvg round 1.2x);
 * ``band_rows``: today's, one slice per band forward and the whole-width gradient wherever it has fewer
-  copies (a custom VJP).
+  copies (a custom VJP); since 2026-12-01 a layer whose gradient would sum more than
+  ``layers.TRANSPOSED_GRADIENT`` copies (the simple-CNN's first, 12) takes the transposed convolution.
 
 The forward values are the same; the gradients sum the same terms in other orders. For three models, the three
 are timed interleaved in one process (medians of ``--repeats``):
@@ -50,7 +51,9 @@ def conv_with(rows_of):
     """The banded convolution with its band inputs from ``rows_of(x, kh, kw, wb)``, values and gradient both
     (no custom gradient), one row of outputs a band as before 2026-12-01 (``band_height`` ignored)."""
 
-    def conv(x: jax.Array, kernel: jax.Array, band_height: int = 1) -> jax.Array:
+    def conv(x: jax.Array, kernel: jax.Array, band_height: int = 1,
+             padding: layers.Padding = ((0, 0), (0, 0))) -> jax.Array:
+        x = layers._pad(x, padding)
         b, h, w, c = x.shape
         kh, kw, _, features = kernel.shape
         out_h, out_w = h - kh + 1, w - kw + 1

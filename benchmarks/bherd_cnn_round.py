@@ -1,4 +1,4 @@
-"""The engine's round of BHerd's CNN with two of its costs as now and as they were (``--compare``).
+"""The engine's round of BHerd's CNN with three of its costs as now and as they were (``--compare``).
 
 ``--compare lrn`` (FedAvg): ``fedjax_lab/models/layers.py: local_response_norm`` sums the channel window with
 one ``reduce_window`` and, for ``beta = 0.75``, takes ``rsqrt(t) sqrt(rsqrt(t))`` for ``t^-3/4``. Until
@@ -10,6 +10,12 @@ form, patched into ``fedjax_lab.models.cnns``).
 steps; since 2026-12-01 the steps past the longest client of a chunk go under a ``cond`` on the chunk's most
 steps (``local_training._most_in_chunk``) and are skipped, where before every client ran the scan's whole
 length, masked. Ways: ``skip`` (as the engine runs it) and ``masked`` (the former scan, patched in).
+
+``--compare gradient`` (FedAvg): the banded convolution's gradient with respect to its input. Since
+2026-12-01 a layer whose band inputs' transpose would sum more than ``layers.TRANSPOSED_GRADIENT`` shifted
+copies of the input (the CNN's second layer: 15) takes the transposed convolution instead
+(``layers._banded_conv_backward``). Ways: ``transposed`` (as the engine runs it) and ``copies`` (the
+threshold raised so that every layer sums the copies, as before).
 
 Workload: ``configs/bherd/cnn_mnist.yaml`` (the paper's CNN, 5 clients, B = 100, one local epoch), partition
 case 3 (clients of 10,198 to 17,635 rows on all of MNIST: 101 to 176 steps), on a 6,000-row subset (a tenth: a
@@ -23,6 +29,7 @@ Usage::
 
     taskset -c 0 python benchmarks/bherd_cnn_round.py                     # one core: about 5 minutes
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare padding
+    taskset -c 0 python benchmarks/bherd_cnn_round.py --compare gradient
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 COMPARES = {  # compare: ((now, before), the method's overrides)
     "lrn": (("window", "slices"), ["algorithm={name: fedavg}"]),
     "padding": (("skip", "masked"), ["algorithm={name: bherd, alpha: 0.5}", "client.batch_order=fixed"]),
+    "gradient": (("transposed", "copies"), ["algorithm={name: fedavg}"]),
 }
 OVERRIDES = ["dataset.partition.case=3", "dataset.subset=6000", "rounds.layout=rules", "parallel.devices=1",
              "eval.every=1000", "rounds.num_rounds=1000"]
@@ -61,12 +69,14 @@ def worker(compare: str, way: str, calls: int) -> dict:
 
     from fedjax_lab.engine import local_training
     from fedjax_lab.experiments import build_experiment, load_config
-    from fedjax_lab.models import cnns
+    from fedjax_lab.models import cnns, layers
 
     if way == "slices":
         cnns.local_response_norm = slices_and_power
     if way == "masked":
         local_training._most_in_chunk = lambda num_steps: None
+    if way == "copies":
+        layers.TRANSPOSED_GRADIENT = sys.maxsize
     overrides = [*COMPARES[compare][1], *OVERRIDES]
     experiment = build_experiment(load_config(REPO / "configs" / "bherd" / "cnn_mnist.yaml", overrides))
     state = jax.block_until_ready(experiment.run_rounds(experiment.initial_state(), experiment.inputs,

@@ -160,6 +160,36 @@ def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(w
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("height", [1, 2])
+@pytest.mark.parametrize("kernel, padding, width", [((5, 5), "SAME", 14), ((5, 5), "VALID", 13),
+                                                    ((5, 3), 1, 13), ((3, 5), 5, 13)])
+def test_the_banded_input_gradient_as_a_transposed_convolution_equals_xlas(kernel, padding, width, height):
+    """Where the band inputs' transpose would sum more than ``TRANSPOSED_GRADIENT`` copies, the input's
+    gradient is a banded convolution of the outputs' cotangent: XLA's gradients, first and second order and
+    vmapped, for SAME, VALID, and padding beyond the kernel (the transposed padding crops)."""
+    x = jax.random.normal(jax.random.key(0), (2, 12, width, 6))
+    banded = Conv(7, kernel, padding, lowering="banded", band_height=height)
+    xla = Conv(7, kernel, padding, lowering="xla")
+    params = xla.init(jax.random.key(1), x)
+    out_w = xla.apply(params, x).shape[2]
+    wb = layers.band_width(out_w, kernel[1])
+    assert layers.gradient_copies(out_w, kernel, wb, height) > layers.TRANSPOSED_GRADIENT
+    np.testing.assert_allclose(banded.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
+
+    def grads(conv, x):
+        loss = lambda p, x: jnp.sum(jnp.sin(conv.apply(p, x)))
+        first = jax.grad(loss, argnums=(0, 1))(params, x)
+        second = jax.grad(lambda x: jnp.sum(jax.grad(loss)(params, x)["params"]["kernel"] ** 2))(x)
+        return first, second
+
+    for a, b in zip(jax.tree.leaves(grads(banded, x)), jax.tree.leaves(grads(xla, x))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+    batch = jnp.stack([x, -2 * x])
+    vmapped = jax.vmap(lambda x: grads(banded, x)[0][1])(batch)
+    for vmapped_one, x_one in zip(vmapped, batch):
+        np.testing.assert_allclose(vmapped_one, grads(xla, x_one)[0][1], rtol=1e-4, atol=1e-4)
+
+
 def test_a_narrow_band_takes_two_rows_of_outputs_where_they_divide_the_height():
     """The simple-CNN's first layer (4 columns x 6 filters a band) takes 2 output rows a band, its second (5 x
     16) one; an odd output height falls back to one row a band, with the same values."""

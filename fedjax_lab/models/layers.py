@@ -17,6 +17,8 @@ import numpy as np
 
 Norm = Literal["batch", "group", "none"]
 ConvLowering = Literal["xla", "im2col", "banded"]
+Padding = tuple[tuple[int, int], tuple[int, int]]
+"""Zeros before and after the rows, then the columns: ``((top, bottom), (left, right))``."""
 
 
 def max_pool_2x2(x: jax.Array, padding: str = "VALID") -> jax.Array:
@@ -105,6 +107,14 @@ def pad_input(x: jax.Array, kernel_size: tuple[int, int], padding: str | int) ->
     if isinstance(padding, int):
         return jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     return x
+
+
+def input_padding(kernel_size: tuple[int, int], padding: str | int) -> Padding:
+    """The ``(low, high)`` zeros :func:`pad_input` puts before and after the rows and the columns."""
+    if padding == "SAME":
+        return tuple(((k - 1) // 2, k // 2) for k in kernel_size)
+    p = padding if isinstance(padding, int) else 0
+    return (p, p), (p, p)
 
 
 def same_padding(x: jax.Array, kernel_size: tuple[int, int]) -> jax.Array:
@@ -208,35 +218,118 @@ def _shift(span: int, width: int, taps: int) -> np.ndarray:
     return shift
 
 
-def banded_conv(x: jax.Array, kernel: jax.Array, band_height: int = 1) -> jax.Array:
-    """A VALID stride-1 convolution as one matrix product against a block-Toeplitz ("banded") weight matrix.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def banded_conv(x: jax.Array, kernel: jax.Array, band_height: int = 1,
+                padding: Padding = ((0, 0), (0, 0))) -> jax.Array:
+    """A stride-1 convolution of ``x`` zero-padded by ``padding``, as one matrix product against a
+    block-Toeplitz ("banded") weight matrix.
 
     Output columns are taken ``wb`` at a time, and output rows ``hb = band_height`` at a time (1 where it
     does not divide the output's height). A row of the left operand holds the ``(hb + kh - 1) x (wb + kw -
     1) x C`` inputs one band needs (:func:`band_rows`, duplicating inputs ``(hb + kh - 1) (wb + kw - 1) /
     (hb wb)`` times, against im2col's ``kh kw``); the weight matrix ``T[(i, u, c), (r, v, o)] = kernel[i -
-    r, u - v, c, o]`` (zero off the band) comes from a small einsum, so the gradients are matrix products
-    too. XLA's CPU convolution is slow for the few channels of small CNNs; this lowering makes the
-    simple-CNN step several times faster there (docs/benchmarks.md). Taller bands cut the duplicated inputs
-    (the simple-CNN's first layer: 10x to 6x) for a product with more FLOPs (144 instead of 120 an output) but
-    wider and shorter operands.
+    r, u - v, c, o]`` (zero off the band) comes from a small einsum. XLA's CPU convolution is slow for the
+    few channels of small CNNs; this lowering makes the simple-CNN step several times faster there
+    (docs/benchmarks.md). Taller bands cut the duplicated inputs (the simple-CNN's first layer: 10x to 6x)
+    for a product with more FLOPs (144 instead of 120 an output) but wider and shorter operands.
+
+    The kernel's gradient is the product's transpose; the input's is either the band inputs' transpose or
+    the transposed convolution (:func:`_banded_conv_backward`).
     """
-    b, h, w, c = x.shape
-    kh, kw, _, features = kernel.shape
-    out_h, out_w = h - kh + 1, w - kw + 1
-    wb = band_width(out_w, kw)
-    hb = band_height if out_h % band_height == 0 else 1
+    return _banded_forward(x, kernel, band_height, padding)[0]
+
+
+def _pad(x: jax.Array, padding: Padding) -> jax.Array:
+    """``[B, H, W, C]`` zero-padded by ``padding``; a negative amount crops."""
+    zero = jnp.zeros((), x.dtype)
+    return jax.lax.pad(x, zero, ((0, 0, 0), *((low, high, 0) for low, high in padding), (0, 0, 0)))
+
+
+def _band_shape(out_h: int, out_w: int, kw: int, band_height: int) -> tuple[int, int]:
+    """A band's output columns and rows, ``(wb, hb)``."""
+    return band_width(out_w, kw), band_height if out_h % band_height == 0 else 1
+
+
+def _toeplitz(kernel: jax.Array, wb: int, hb: int) -> jax.Array:
+    """The banded weight matrix ``[(hb + kh - 1) (wb + kw - 1) C, hb wb F]`` of :func:`banded_conv`."""
+    kh, kw, c, features = kernel.shape
     span, rows_h = wb + kw - 1, hb + kh - 1
-    rows = band_rows(x, kh, kw, wb, hb)
     if hb == 1:
         toeplitz = jnp.einsum("uvj,ijco->iucvo", _shift(span, wb, kw), kernel)  # [kh, span, C, wb, F]
     else:  # [hb + kh - 1, span, C, hb, wb, F]
         toeplitz = jnp.einsum("ira,uvj,ajco->iucrvo", _shift(rows_h, hb, kh), _shift(span, wb, kw), kernel)
-    y = (rows.reshape(b * (out_h // hb) * (out_w // wb), rows_h * span * c)
-         @ toeplitz.reshape(rows_h * span * c, hb * wb * features))
-    if hb > 1:  # [B, groups, bands, hb, wb, F] -> [B, groups, hb, bands, wb, F]
-        y = y.reshape(b, out_h // hb, out_w // wb, hb, wb, features).transpose(0, 1, 3, 2, 4, 5)
-    return y.reshape(b, out_h, out_w, features)
+    return toeplitz.reshape(rows_h * span * c, hb * wb * features)
+
+
+def _banded_forward(x, kernel, band_height, padding):
+    """:func:`banded_conv`'s outputs, and its band inputs ``[bands, inputs]`` for the kernel's gradient."""
+    x = _pad(x, padding)
+    b, h, w, _ = x.shape
+    kh, kw, _, features = kernel.shape
+    out_h, out_w = h - kh + 1, w - kw + 1
+    wb, hb = _band_shape(out_h, out_w, kw, band_height)
+    rows = band_rows(x, kh, kw, wb, hb)
+    rows = rows.reshape(-1, np.prod(rows.shape[3:]))
+    y = rows @ _toeplitz(kernel, wb, hb)  # [B, groups, bands, hb, wb, F] -> [B, groups, hb, bands, wb, F]
+    y = y.reshape(b, out_h // hb, out_w // wb, hb, wb, features).transpose(0, 1, 3, 2, 4, 5)
+    return y.reshape(b, out_h, out_w, features), (rows, kernel)
+
+
+def _band_outputs(y: jax.Array, wb: int, hb: int) -> jax.Array:
+    """``[B, H', W', F]`` outputs as the product's ``[bands, hb wb F]`` (the forward pass's arrangement,
+    inverted)."""
+    b, out_h, out_w, features = y.shape
+    y = y.reshape(b, out_h // hb, hb, out_w // wb, wb, features).transpose(0, 1, 3, 2, 4, 5)
+    return y.reshape(-1, hb * wb * features)
+
+
+TRANSPOSED_GRADIENT = 10
+"""The input's gradient is the transposed convolution where the band inputs' transpose sums more than this
+many shifted copies of the input (BHerd's and FedAvg's second 5x5 layers on 14x14 inputs: 15)."""
+
+
+def gradient_copies(out_width: int, kernel_size: tuple[int, int], wb: int, hb: int) -> int:
+    """Shifted copies of the input the band inputs' transpose sums: ``(hb + kh - 1) min(bands, ceil(span /
+    wb))`` (:func:`band_rows`' gradient takes the form with fewer)."""
+    kh, kw = kernel_size
+    return (hb + kh - 1) * min(out_width // wb, _blocks(wb + kw - 1, wb))
+
+
+def _banded_conv_backward(band_height, padding, residuals, y_cotangent):
+    """The kernel's cotangent: the band inputs' transpose times the outputs', through the banded matrix's
+    einsum. The input's, either
+
+    * the band inputs' transpose (:func:`band_rows`): ``(hb + kh - 1) min(bands, ceil(span / wb))`` shifted
+      copies of the input, summed. XLA's CPU backend materialises them one by one and sums them again in each
+      of the gradient's uses (in BHerd's CNN, the normalisation's and the pooling's gradients below the
+      second convolution: 15 copies of ``[B, 18, 18, 32]``, each summed twice), so that with more than
+      :data:`TRANSPOSED_GRADIENT` copies the input's gradient takes
+    * the transposed convolution, ``dx[h] = sum_i dy[h + top - i] kernel[i]``: the outputs' cotangent padded
+      by ``k - 1 - padding`` on each side, convolved (banded) with the kernel flipped and its channels
+      swapped.
+      BHerd's CNN's training step (B = 100, one core) ran 1.27x faster; with fewer copies it ran slower
+      (Feddle's CNN, 3x3 kernels and 6 copies: 1.3x; ``benchmarks/bherd_cnn_round.py --compare gradient``).
+    """
+    rows, kernel = residuals
+    kh, kw, channels, _ = kernel.shape
+    b, out_h, out_w, _ = y_cotangent.shape
+    wb, hb = _band_shape(out_h, out_w, kw, band_height)
+    outputs = _band_outputs(y_cotangent, wb, hb)
+    toeplitz, pull = jax.vjp(functools.partial(_toeplitz, wb=wb, hb=hb), kernel)
+    kernel_cotangent, = pull(rows.T @ outputs)
+    span, rows_h = wb + kw - 1, hb + kh - 1
+    if gradient_copies(out_w, (kh, kw), wb, hb) > TRANSPOSED_GRADIENT:
+        flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
+        transposed = tuple((k - 1 - low, k - 1 - high) for k, (low, high) in zip((kh, kw), padding))
+        width = out_w + kw - 1 - sum(padding[1])
+        return banded_conv(y_cotangent, flipped, default_band_height(band_width(width, kw), channels),
+                           transposed), kernel_cotangent
+    rows_cotangent = (outputs @ toeplitz.T).reshape(b, out_h // hb, out_w // wb, rows_h, span, channels)
+    padded, = _band_rows_backward(kh, kw, wb, hb, None, rows_cotangent)
+    return _pad(padded, tuple((-low, -high) for low, high in padding)), kernel_cotangent
+
+
+banded_conv.defvjp(_banded_forward, _banded_conv_backward)
 
 
 NARROW_BAND = 32
@@ -286,9 +379,9 @@ class Conv(nn.Module):
             raise ValueError("Conv: padding 'SAME' is for stride 1; give the padding as a number of zeros")
         kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
         if self.lowering == "banded" and self.strides == (1, 1):
-            x = pad_input(x, self.kernel_size, self.padding)
-            width = band_width(x.shape[2] - kw + 1, kw)
-            y = banded_conv(x, kernel, self.band_height or default_band_height(width, self.features))
+            padding = input_padding(self.kernel_size, self.padding)
+            width = band_width(x.shape[2] + sum(padding[1]) - kw + 1, kw)
+            y = banded_conv(x, kernel, self.band_height or default_band_height(width, self.features), padding)
         elif self.lowering in ("im2col", "banded"):
             y = im2col(x, self.kernel_size, self.padding, self.strides) @ kernel.reshape(-1, self.features)
         else:
