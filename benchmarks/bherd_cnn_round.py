@@ -1,4 +1,4 @@
-"""The engine's round of BHerd's CNN with three of its costs as now and as they were (``--compare``).
+"""The engine's round of BHerd's CNN with four of its costs as now and as they were (``--compare``).
 
 ``--compare lrn`` (FedAvg): ``fedjax_lab/models/layers.py: local_response_norm`` sums the channel window with
 one ``reduce_window`` and, for ``beta = 0.75``, takes ``rsqrt(t) sqrt(rsqrt(t))`` for ``t^-3/4``. Until
@@ -17,6 +17,11 @@ copies of the input (the CNN's second layer: 15) takes the transposed convolutio
 (``layers._banded_conv_backward``). Ways: ``transposed`` (as the engine runs it) and ``copies`` (the
 threshold raised so that every layer sums the copies, as before).
 
+``--compare orientation`` (FedAvg): the banded convolution's weight gradient, a product of the band inputs
+and the outputs' cotangent over their rows. Since 2026-12-01 the narrower operand comes first
+(``layers._narrower_first``). Ways: ``narrow`` (as the engine runs it) and ``inputs`` (the band inputs first
+in every layer, as before, patched in).
+
 Workload: ``configs/bherd/cnn_mnist.yaml`` (the paper's CNN, 5 clients, B = 100, one local epoch), partition
 case 3 (clients of 10,198 to 17,635 rows on all of MNIST: 101 to 176 steps), on a 6,000-row subset (a tenth: a
 round of all 60,000 rows takes about a minute), the rules' layout, one CPU device (the cohort of 5 does not
@@ -30,6 +35,7 @@ Usage::
     taskset -c 0 python benchmarks/bherd_cnn_round.py                     # one core: about 5 minutes
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare padding
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare gradient
+    taskset -c 0 python benchmarks/bherd_cnn_round.py --compare orientation
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ COMPARES = {  # compare: ((now, before), the method's overrides)
     "lrn": (("window", "slices"), ["algorithm={name: fedavg}"]),
     "padding": (("skip", "masked"), ["algorithm={name: bherd, alpha: 0.5}", "client.batch_order=fixed"]),
     "gradient": (("transposed", "copies"), ["algorithm={name: fedavg}"]),
+    "orientation": (("narrow", "inputs"), ["algorithm={name: fedavg}"]),
 }
 OVERRIDES = ["dataset.partition.case=3", "dataset.subset=6000", "rounds.layout=rules", "parallel.devices=1",
              "eval.every=1000", "rounds.num_rounds=1000"]
@@ -77,6 +84,8 @@ def worker(compare: str, way: str, calls: int) -> dict:
         local_training._most_in_chunk = lambda num_steps: None
     if way == "copies":
         layers.TRANSPOSED_GRADIENT = sys.maxsize
+    if way == "inputs":
+        layers._narrower_first = lambda outputs, inputs: False
     overrides = [*COMPARES[compare][1], *OVERRIDES]
     experiment = build_experiment(load_config(REPO / "configs" / "bherd" / "cnn_mnist.yaml", overrides))
     state = jax.block_until_ready(experiment.run_rounds(experiment.initial_state(), experiment.inputs,

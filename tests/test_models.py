@@ -190,6 +190,22 @@ def test_the_banded_input_gradient_as_a_transposed_convolution_equals_xlas(kerne
         np.testing.assert_allclose(vmapped_one, grads(xla, x_one)[0][1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("channels, features, narrow_outputs", [(1, 32, False), (32, 8, True)])
+def test_the_banded_kernel_gradient_equals_xlas_in_either_orientation(channels, features, narrow_outputs):
+    """The kernel's gradient multiplies the band inputs and the outputs' cotangent with the narrower first:
+    the outputs' (32 filters of 4 columns against 40 inputs: BHerd's first layer) or the inputs'; XLA's
+    gradients either way."""
+    x = jax.random.normal(jax.random.key(0), (2, 10, 12, channels))
+    banded = Conv(features, (5, 5), "SAME", lowering="banded")
+    xla = Conv(features, (5, 5), "SAME", lowering="xla")
+    params = xla.init(jax.random.key(1), x)
+    assert layers._narrower_first(4 * features, 5 * 8 * channels) == narrow_outputs
+    grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)
+             for c in (banded, xla)]
+    for a, b in zip(*map(jax.tree.leaves, grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+
+
 def test_a_narrow_band_takes_two_rows_of_outputs_where_they_divide_the_height():
     """The simple-CNN's first layer (4 columns x 6 filters a band) takes 2 output rows a band, its second (5 x
     16) one; an odd output height falls back to one row a band, with the same values."""

@@ -250,15 +250,19 @@ def _band_shape(out_h: int, out_w: int, kw: int, band_height: int) -> tuple[int,
     return band_width(out_w, kw), band_height if out_h % band_height == 0 else 1
 
 
-def _toeplitz(kernel: jax.Array, wb: int, hb: int) -> jax.Array:
-    """The banded weight matrix ``[(hb + kh - 1) (wb + kw - 1) C, hb wb F]`` of :func:`banded_conv`."""
+def _toeplitz(kernel: jax.Array, wb: int, hb: int, transposed: bool = False) -> jax.Array:
+    """The banded weight matrix ``[(hb + kh - 1) (wb + kw - 1) C, hb wb F]`` of :func:`banded_conv`, or its
+    transpose."""
     kh, kw, c, features = kernel.shape
     span, rows_h = wb + kw - 1, hb + kh - 1
+    inputs, outputs = ("iuc", "vo") if hb == 1 else ("iuc", "rvo")
+    spec = outputs + inputs if transposed else inputs + outputs
     if hb == 1:
-        toeplitz = jnp.einsum("uvj,ijco->iucvo", _shift(span, wb, kw), kernel)  # [kh, span, C, wb, F]
-    else:  # [hb + kh - 1, span, C, hb, wb, F]
-        toeplitz = jnp.einsum("ira,uvj,ajco->iucrvo", _shift(rows_h, hb, kh), _shift(span, wb, kw), kernel)
-    return toeplitz.reshape(rows_h * span * c, hb * wb * features)
+        toeplitz = jnp.einsum(f"uvj,ijco->{spec}", _shift(span, wb, kw), kernel)
+    else:
+        toeplitz = jnp.einsum(f"ira,uvj,ajco->{spec}", _shift(rows_h, hb, kh), _shift(span, wb, kw), kernel)
+    shape = (rows_h * span * c, hb * wb * features)
+    return toeplitz.reshape(shape[::-1] if transposed else shape)
 
 
 def _banded_forward(x, kernel, band_height, padding):
@@ -295,9 +299,19 @@ def gradient_copies(out_width: int, kernel_size: tuple[int, int], wb: int, hb: i
     return (hb + kh - 1) * min(out_width // wb, _blocks(wb + kw - 1, wb))
 
 
+def _narrower_first(outputs: int, inputs: int) -> bool:
+    """Whether the kernel's gradient multiplies the outputs' cotangent ``[bands, outputs]``, transposed, by
+    the band inputs ``[bands, inputs]`` (else the inputs, transposed, by the outputs'). XLA's CPU product of
+    two matrices contracted over their rows ran 1.3 to 3x faster with the narrower one first (a ``/tmp``
+    probe on the Intel VM: ``[9800, 64]`` and ``[9800, 960]`` 14 against 28 ms, ``[19600, 40]`` and
+    ``[19600, 128]`` 1.8 against 4.5 ms); BHerd's second layer's weight gradient had taken 20 ms of a 73 ms
+    training step (``benchmarks/bherd_cnn_round.py --compare orientation``)."""
+    return outputs < inputs
+
+
 def _banded_conv_backward(band_height, padding, residuals, y_cotangent):
-    """The kernel's cotangent: the band inputs' transpose times the outputs', through the banded matrix's
-    einsum. The input's, either
+    """The kernel's cotangent: the band inputs' and the outputs' cotangent multiplied over the bands
+    (:func:`_narrower_first`), through the banded matrix's einsum. The input's, either
 
     * the band inputs' transpose (:func:`band_rows`): ``(hb + kh - 1) min(bands, ceil(span / wb))`` shifted
       copies of the input, summed. XLA's CPU backend materialises them one by one and sums them again in each
@@ -306,17 +320,18 @@ def _banded_conv_backward(band_height, padding, residuals, y_cotangent):
       :data:`TRANSPOSED_GRADIENT` copies the input's gradient takes
     * the transposed convolution, ``dx[h] = sum_i dy[h + top - i] kernel[i]``: the outputs' cotangent padded
       by ``k - 1 - padding`` on each side, convolved (banded) with the kernel flipped and its channels
-      swapped.
-      BHerd's CNN's training step (B = 100, one core) ran 1.27x faster; with fewer copies it ran slower
-      (Feddle's CNN, 3x3 kernels and 6 copies: 1.3x; ``benchmarks/bherd_cnn_round.py --compare gradient``).
+      swapped. BHerd's CNN's training step (B = 100, one core) ran 1.27x faster, its engine round 1.19x
+      (``benchmarks/bherd_cnn_round.py --compare gradient``); with fewer copies it ran slower (Feddle's CNN,
+      3x3 kernels and 6 copies: 1.3x).
     """
     rows, kernel = residuals
     kh, kw, channels, _ = kernel.shape
     b, out_h, out_w, _ = y_cotangent.shape
     wb, hb = _band_shape(out_h, out_w, kw, band_height)
     outputs = _band_outputs(y_cotangent, wb, hb)
-    toeplitz, pull = jax.vjp(functools.partial(_toeplitz, wb=wb, hb=hb), kernel)
-    kernel_cotangent, = pull(rows.T @ outputs)
+    narrow_outputs = _narrower_first(outputs.shape[1], rows.shape[1])
+    matrix, pull = jax.vjp(functools.partial(_toeplitz, wb=wb, hb=hb, transposed=narrow_outputs), kernel)
+    kernel_cotangent, = pull(outputs.T @ rows if narrow_outputs else rows.T @ outputs)
     span, rows_h = wb + kw - 1, hb + kh - 1
     if gradient_copies(out_w, (kh, kw), wb, hb) > TRANSPOSED_GRADIENT:
         flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
@@ -324,7 +339,8 @@ def _banded_conv_backward(band_height, padding, residuals, y_cotangent):
         width = out_w + kw - 1 - sum(padding[1])
         return banded_conv(y_cotangent, flipped, default_band_height(band_width(width, kw), channels),
                            transposed), kernel_cotangent
-    rows_cotangent = (outputs @ toeplitz.T).reshape(b, out_h // hb, out_w // wb, rows_h, span, channels)
+    rows_cotangent = outputs @ (matrix if narrow_outputs else matrix.T)
+    rows_cotangent = rows_cotangent.reshape(b, out_h // hb, out_w // wb, rows_h, span, channels)
     padded, = _band_rows_backward(kh, kw, wb, hb, None, rows_cotangent)
     return _pad(padded, tuple((-low, -high) for low, high in padding)), kernel_cotangent
 
