@@ -143,8 +143,10 @@ def main() -> None:
             results[f"{name} {what}"] = times
             print(f"{name:<11} {what:<9} one slice a band {times['per_band']:8.1f} ms   whole width "
                   f"{times['whole_width']:8.1f} ms   band_rows {times['band_rows']:8.1f} ms", flush=True)
+    from records import code_commit  # the benchmarks' own folder is on sys.path
+
     record = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, jax {jax.__version__}",
-              "ms_per_step": results}
+              "commit": code_commit(), "ms_per_step": results}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
 
