@@ -241,15 +241,21 @@ def test_strided_and_padded_lowerings_equal_xla_convolution(lowering, kernel, st
     np.testing.assert_allclose(conv(lowering).apply(params, x), reference, rtol=1e-4, atol=1e-4)
 
 
-def test_resnet_lowerings_share_parameters_and_compute_the_same_function():
+@pytest.mark.parametrize("lowering", ["im2col", "banded"])
+def test_resnet_lowerings_share_parameters_and_compute_the_same_function_and_gradients(lowering):
     from fedjax_lab.models import resnet8
 
-    x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
-    xla, im2col = resnet8(10, lowering="xla"), resnet8(10, lowering="im2col")
+    x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+    xla, lowered = resnet8(10, lowering="xla"), resnet8(10, lowering=lowering)
     variables = xla.init(jax.random.key(1), x, train=False)
-    assert jax.tree.structure(variables) == jax.tree.structure(im2col.init(jax.random.key(1), x, train=False))
-    np.testing.assert_allclose(im2col.apply(variables, x, train=False), xla.apply(variables, x, train=False),
+    lowered_variables = lowered.init(jax.random.key(1), x, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(lowered_variables)
+    np.testing.assert_allclose(lowered.apply(variables, x, train=False), xla.apply(variables, x, train=False),
                                rtol=1e-4, atol=1e-4)
+    grad = lambda model: jax.grad(lambda p: jnp.sum(jnp.sin(model.apply({**variables, "params": p}, x))))(
+        variables["params"])
+    for got, want in zip(jax.tree.leaves(grad(lowered)), jax.tree.leaves(grad(xla))):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
 def test_a_resnet_with_rematerialised_blocks_is_the_same_function_with_the_same_gradients():

@@ -205,15 +205,13 @@ def build_experiment(config: Config) -> Experiment:
 
 
 def rules_layout(config: Config, share: int) -> layout.Layout:
-    """The layout the hand rules give a cohort share: ``default_lowering`` (``im2col`` for the ResNets on
-    CPU), ``default_chunk_size`` and XLA's default matrix products, or the explicit settings."""
+    """The layout the hand rules give a cohort share: ``default_lowering``, ``default_chunk_size`` and XLA's
+    default matrix products, or the explicit settings."""
     lowering = None
     if config.model.name in CONV_MODELS:
         lowering = config.model.lowering
         if lowering == "auto":
             lowering = default_lowering(jax.default_backend())
-            if lowering == "banded" and config.model.name.startswith("resnet"):
-                lowering = "im2col"
     chunk = config.rounds.chunk_size or default_chunk_size(share, jax.default_backend(), config.model.name)
     return layout.Layout(lowering, chunk or share, cpu_matmul(config))
 
@@ -243,11 +241,10 @@ def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:
         cohort = mechanism.slots if mechanism.sampling == "poisson" else cohort
     num = mesh_devices(config, cohort)
     share = cohort // num if num > 1 and cohort % num == 0 else cohort
-    lowerings = layout.LOWERINGS if not config.model.name.startswith("resnet") else ("xla", "im2col")
     rules = rules_layout(config, share)
     chosen, info = layout.choose_layout(
         config, rules=rules, conv_model=config.model.name in CONV_MODELS, share=share,
-        input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset), lowerings=lowerings,
+        input_shape=tuple(dataset.input_shape), build=lambda c: _assemble(c, dataset),
         work=unequal_work(config, dataset, cohort, num))
     if info["how"] == "explicit" or chosen == rules:
         # The rules' layout, built as the rules build it (an unset chunk is still fitted to the memory budget)

@@ -18,7 +18,8 @@ from fedjax_lab.models import augment
 
 def default_lowering(backend: str) -> str:
     """The convolution lowering when ``model.lowering`` is ``auto``: ``banded`` on CPU, where XLA's
-    convolution is slow for small CNNs (``im2col`` for the ResNets), and XLA's own elsewhere
+    convolution is slow for small CNNs and ResNets (ResNet-8's round ran 1.2x faster banded than with
+    ``im2col``, ResNet-18's level: ``benchmarks/resnet_lowering.py``), and XLA's own elsewhere
     (docs/benchmarks.md has the measurements)."""
     return "banded" if backend == "cpu" else "xla"
 
@@ -31,9 +32,7 @@ def extra_outputs(algorithm, num_classes: int) -> int:
 
 
 def _resnet(m, k: int, lowering: str) -> nn.Module:
-    # 3x3 kernels over 32 columns: the banded matrix would multiply ~10x the FLOPs; im2col multiplies 1x.
-    resnet_lowering = "im2col" if m.lowering == "auto" and lowering == "banded" else lowering
-    return getattr(models, m.name)(k, m.norm, m.groups, resnet_lowering, remat=m.remat == "blocks")
+    return getattr(models, m.name)(k, m.norm, m.groups, lowering, remat=m.remat == "blocks")
 
 
 CONV_MODELS = ("simple_cnn", "fedavg_cnn", "bherd_cnn", "cnn3", "feddle_cnn", "pfl_cnn", "resnet8",

@@ -197,8 +197,7 @@ class ModelConfig(Section):
     groups: PositiveInt = Field(2, description="GroupNorm groups")
     lowering: Literal["auto", "xla", "im2col", "banded"] = Field(
         "auto", description="CNN and ResNet convolutions (speed only); auto: chosen by measurement "
-                            "(rounds.layout), under the rules banded on CPU (im2col for ResNets), xla "
-                            "elsewhere")
+                            "(rounds.layout), under the rules banded on CPU, xla elsewhere")
     l2: float = Field(0.0, ge=0, description="adds l2/2 ||w||^2 to the loss (linear_svm: BHerd uses 0.1)")
     embed_dim: PositiveInt = Field(8, description="char_rnn")
     rnn_hidden: PositiveInt = Field(256, description="char_rnn")

@@ -11,8 +11,8 @@ local budget (10 steps a client), and keeps the fastest, where it beats the rule
 (closer is timing noise). A probe comes first: one round of 2 local steps in the rules' layout; when it takes
 over a second (ResNet-18 on a CPU), the rules stand, as timing every candidate would take minutes.
 
-1. the lowerings (XLA's convolution, ``im2col`` and, but for the ResNets, ``banded``; convolutional models
-   only) at the chunk the rules give;
+1. the lowerings (XLA's convolution, ``im2col`` and ``banded``; convolutional models only) at the chunk the
+   rules give;
 2. then chunks of 1, 2 and 10 clients and the whole share (the divisors of the share among them) with the
    fastest lowering;
 3. then, on a CPU, XLA's Eigen kernels for the matrix products in place of its default, YNNPACK's, in the
@@ -297,7 +297,7 @@ def choose_layout(config: Config, *, rules: Layout, conv_model: bool, share: int
       rules: what the hand rules give (the lowering ``None`` for a model without convolutions, the CPU
         matmul ``None`` off a CPU: then it is not measured).
       conv_model: whether the model has convolutions, so a lowering to choose.
-      lowerings: the candidate lowerings (the ResNets leave out ``banded``: about 10x the FLOPs there).
+      lowerings: the candidate lowerings.
       share: the clients of a cohort each device trains.
       input_shape: one example's input shape (part of the cache key).
       build: builds the experiment of a config (with its layout explicit); it raises ``ConfigError`` when a
