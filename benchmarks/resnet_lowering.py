@@ -2,8 +2,8 @@
 
 Until 2026-12-01 the rules gave the ResNets ``im2col`` on a CPU and the measured layout left ``banded`` out
 of their candidates, on the estimate that a banded 3x3 kernel over 32 columns multiplies about ten times the
-FLOPs. The banded lowering's bands are a few columns wide (``layers.band_width``), not the whole row, so the
-factor is about 1.2; this measures what the estimate decided.
+FLOPs. The banded lowering's bands are ``layers.band_width`` columns wide (2 in the ResNets), not the whole
+row, so the factor is ``(wb + kw - 1) / kw`` = 4/3; this measures what the estimate decided.
 
 Workloads (``--workloads``), each the engine's round of ``configs/fedimpro/paper_cifar10.yaml`` (10 clients
 of Dirichlet(0.1), 5 a round, one local epoch of 128) on the first 10,000 CIFAR-10 rows:
@@ -20,7 +20,7 @@ the commit and the machine. This is a benchmark, not a test.
 
 Usage::
 
-    taskset -c 0 python benchmarks/resnet_lowering.py          # one core: about 15 minutes
+    taskset -c 0 python benchmarks/resnet_lowering.py          # one core: about 35 minutes
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from fedjax_lab.models import augment
 
 def default_lowering(backend: str) -> str:
     """The convolution lowering when ``model.lowering`` is ``auto``: ``banded`` on CPU, where XLA's
-    convolution is slow for small CNNs and ResNets (ResNet-8's round ran 1.2x faster banded than with
+    convolution is slow for small CNNs and ResNets (ResNet-8's round ran 1.3x faster banded than with
     ``im2col``, ResNet-18's level: ``benchmarks/resnet_lowering.py``), and XLA's own elsewhere
     (docs/benchmarks.md has the measurements)."""
     return "banded" if backend == "cpu" else "xla"
