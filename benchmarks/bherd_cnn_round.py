@@ -1,4 +1,4 @@
-"""The engine's round of BHerd's CNN with four of its costs as now and as they were (``--compare``).
+"""The engine's round of BHerd's CNN with five of its costs as now and as they were (``--compare``).
 
 ``--compare lrn`` (FedAvg): ``fedjax_lab/models/layers.py: local_response_norm`` sums the channel window with
 one ``reduce_window`` and, for ``beta = 0.75``, takes ``rsqrt(t) sqrt(rsqrt(t))`` for ``t^-3/4``. Until
@@ -22,6 +22,10 @@ and the outputs' cotangent over their rows. Since 2026-12-01 the narrower operan
 (``layers._narrower_first``). Ways: ``narrow`` (as the engine runs it) and ``inputs`` (the band inputs first
 in every layer, as before, patched in).
 
+``--compare matmul`` (FedAvg): the library of the CPU's matrix products under the rules for a convolutional
+model. Since 2026-12-01 it is XLA's Eigen kernels (``build.cpu_matmul``), where it had been XLA's default,
+YNNPACK. Ways: ``eigen`` and ``ynnpack`` (``rounds.cpu_matmul`` set).
+
 Workload: ``configs/bherd/cnn_mnist.yaml`` (the paper's CNN, 5 clients, B = 100, one local epoch), partition
 case 3 (clients of 10,198 to 17,635 rows on all of MNIST: 101 to 176 steps), on a 6,000-row subset (a tenth: a
 round of all 60,000 rows takes about a minute), the rules' layout, one CPU device (the cohort of 5 does not
@@ -36,6 +40,7 @@ Usage::
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare padding
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare gradient
     taskset -c 0 python benchmarks/bherd_cnn_round.py --compare orientation
+    taskset -c 0 python benchmarks/bherd_cnn_round.py --compare matmul
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ COMPARES = {  # compare: ((now, before), the method's overrides)
     "padding": (("skip", "masked"), ["algorithm={name: bherd, alpha: 0.5}", "client.batch_order=fixed"]),
     "gradient": (("transposed", "copies"), ["algorithm={name: fedavg}"]),
     "orientation": (("narrow", "inputs"), ["algorithm={name: fedavg}"]),
+    "matmul": (("eigen", "ynnpack"), ["algorithm={name: fedavg}"]),
 }
 OVERRIDES = ["dataset.partition.case=3", "dataset.subset=6000", "rounds.layout=rules", "parallel.devices=1",
              "eval.every=1000", "rounds.num_rounds=1000"]
@@ -87,6 +93,8 @@ def worker(compare: str, way: str, calls: int) -> dict:
     if way == "inputs":
         layers._narrower_first = lambda outputs, inputs: False
     overrides = [*COMPARES[compare][1], *OVERRIDES]
+    if compare == "matmul":
+        overrides.append(f"rounds.cpu_matmul={way}")
     experiment = build_experiment(load_config(REPO / "configs" / "bherd" / "cnn_mnist.yaml", overrides))
     state = jax.block_until_ready(experiment.run_rounds(experiment.initial_state(), experiment.inputs,
                                                         num_rounds=1)[0])
@@ -116,6 +124,7 @@ def main(argv=None) -> None:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fedavg_mlp_throughput import machine_info, machine_kind
+    from records import code_commit
 
     runs = {way: [] for way in ways}
     for rep in range(args.reps):
@@ -134,7 +143,8 @@ def main(argv=None) -> None:
           f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
     info = machine_info()
     date = datetime.date.today().isoformat()
-    record = {"benchmark": "bherd_cnn_round", "date": date, "machine": info, "args": vars(args),
+    record = {"benchmark": "bherd_cnn_round", "date": date, "commit": code_commit(), "machine": info,
+              "args": vars(args),
               "overrides": [*COMPARES[args.compare][1], *OVERRIDES], "runs": runs,
               "median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
               "speedup_per_repetition": pairs}

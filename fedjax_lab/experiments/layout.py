@@ -15,9 +15,10 @@ over a second (ResNet-18 on a CPU), the rules stand, as timing every candidate w
    rules give;
 2. then chunks of 1, 2 and 10 clients and the whole share (the divisors of the share among them) with the
    fastest lowering;
-3. then, on a CPU, XLA's Eigen kernels for the matrix products in place of its default, YNNPACK's, in the
+3. then, on a CPU, the library of the matrix products, XLA's default (YNNPACK's) or its Eigen kernels, in the
    fastest of those (:func:`compiler_options`): on a 2-core AMD EPYC the simple-CNN's training step ran about
-   6 % faster with Eigen's and the MLP's 11 % slower (docs/benchmarks.md).
+   6 % faster with Eigen's and the MLP's 11 % slower, so the rules give the convolutional models Eigen's
+   (docs/benchmarks.md).
 
 With local epochs over clients of unequal size a chunk runs its heaviest client's steps (the others are
 masked) and a device its busiest share, which a round of equal steps does not show: there each chunk
