@@ -121,6 +121,20 @@ def test_the_eigen_matmul_compiles_another_cpu_program_that_agrees_at_float_roun
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("model, matmul", [({"name": "mlp", "hidden": [8]}, "ynnpack"),
+                                           ({"name": "resnet8"}, "eigen")])
+def test_on_a_cpu_the_rules_give_convolutional_models_eigen_products_and_others_xlas_default(model, matmul):
+    from fedjax_lab.experiments.build import rules_layout
+
+    raw = {**RAW, "model": model, "rounds": {**RAW["rounds"], "layout": "rules"}}
+    if model["name"] == "resnet8":
+        raw["dataset"] = {"name": "cifar10", "partition": {"name": "iid", "num_clients": 8}}
+    rules = rules_layout(validate(raw), share=4)
+    assert rules.cpu_matmul == (matmul if jax.default_backend() == "cpu" else None)
+    assert rules.lowering == (None if model["name"] == "mlp" else
+                              "banded" if jax.default_backend() == "cpu" else "xla")
+
+
 def test_the_rules_stand_when_nothing_beats_them_by_the_margin(cache, monkeypatch):
     config = validate(RAW)
     build, _ = _fake_times(monkeypatch, {"chunk 2": 1.0, "chunk 1": 0.97, "chunk 4": 1.2})
