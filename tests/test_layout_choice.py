@@ -121,15 +121,30 @@ def test_the_eigen_matmul_compiles_another_cpu_program_that_agrees_at_float_roun
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", [{"name": "mlp", "hidden": [8]}, {"name": "resnet8"}])
-def test_on_a_cpu_the_rules_give_every_convolutional_model_the_banded_lowering_and_xlas_products(model):
+def test_a_round_compiled_with_compiler_options_runs_inside_another_trace_without_them():
+    # JAX refuses compiler options on a jit nested in another trace (eval_shape, an outer jit)
+    experiment = build_experiment(validate({**RAW, "rounds": {**RAW["rounds"], "layout": "rules",
+                                                               "cpu_matmul": "eigen"}}))
+    run = lambda s: experiment.run_rounds(s, experiment.inputs, num_rounds=2)
+    top, top_metrics = run(experiment.initial_state())
+    shapes = jax.eval_shape(run, jax.eval_shape(experiment.initial_state))
+    nested, nested_metrics = jax.jit(run)(experiment.initial_state())
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), shapes) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), (top, top_metrics))
+    for a, b in zip(jax.tree.leaves((top, top_metrics)), jax.tree.leaves((nested, nested_metrics))):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("model, matmul", [({"name": "mlp", "hidden": [8]}, "ynnpack"),
+                                           ({"name": "resnet8"}, "eigen")])
+def test_on_a_cpu_the_rules_give_convolutional_models_eigen_products_and_others_xlas_default(model, matmul):
     from fedjax_lab.experiments.build import rules_layout
 
     raw = {**RAW, "model": model, "rounds": {**RAW["rounds"], "layout": "rules"}}
     if model["name"] == "resnet8":
         raw["dataset"] = {"name": "cifar10", "partition": {"name": "iid", "num_clients": 8}}
     rules = rules_layout(validate(raw), share=4)
-    assert rules.cpu_matmul == ("ynnpack" if jax.default_backend() == "cpu" else None)
+    assert rules.cpu_matmul == (matmul if jax.default_backend() == "cpu" else None)
     assert rules.lowering == (None if model["name"] == "mlp" else
                               "banded" if jax.default_backend() == "cpu" else "xla")
 

@@ -17,7 +17,6 @@ between such blocks.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -308,6 +307,40 @@ def run_round(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, state: LoopS
     return state._replace(server_state=server_state, client_states=client_states, round=r + 1), metrics
 
 
+def _inside_a_trace() -> bool:
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # a JAX without it: every call is taken as a top-level one
+        return False
+    return not trace_state_clean()
+
+
+class _OptionsAtTopLevel:
+    """A function jitted twice, with XLA compiler options and without: called at the top level it runs the
+    first; called inside another trace (``jax.eval_shape``, an outer ``jit``), where JAX refuses compiler
+    options, the second, which the outer program compiles with its own. Attributes (``lower``, ``trace``,
+    ``eval_shape``) are the first's."""
+
+    def __init__(self, with_options, without):
+        self._with_options, self._without = with_options, without
+
+    def __call__(self, *args, **kwargs):
+        return (self._without if _inside_a_trace() else self._with_options)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._with_options, name)
+
+
+def jit_with_options(fun: Callable, compiler_options: dict[str, str] | None = None, **jit_kwargs):
+    """``jax.jit(fun, compiler_options=..., **jit_kwargs)`` that can also be called inside another trace:
+    without options, the jitted function itself; with them, both jits behind one callable
+    (:class:`_OptionsAtTopLevel`)."""
+    if not compiler_options:
+        return jax.jit(fun, **jit_kwargs)
+    return _OptionsAtTopLevel(jax.jit(fun, compiler_options=compiler_options, **jit_kwargs),
+                              jax.jit(fun, **jit_kwargs))
+
+
 def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate: bool = False,
                     compiler_options: dict[str, str] | None = None,
                     client_update: Callable[..., Any] | None = None):
@@ -315,14 +348,14 @@ def make_run_rounds(algorithm: Algorithm | AlgorithmAt, plan: CohortPlan, donate
     ``lax.scan``; each metric comes back with a leading ``num_rounds`` axis. With ``donate`` the new state is
     written over the old one's buffers (the state passed in is deleted), so a large population's client states
     are held once, not twice. ``compiler_options`` go to XLA's compiler (e.g. the CPU's matrix-product
-    library). ``client_update``: the algorithm's :func:`traced_once` (default: made here), passed when
-    :func:`message_shapes` traced it already."""
+    library) where ``run_rounds`` is called at the top level (:func:`jit_with_options`). ``client_update``:
+    the algorithm's :func:`traced_once` (default: made here), passed when :func:`message_shapes` traced it
+    already."""
     client_update = client_update or traced_once(algorithm)
 
-    @functools.partial(jax.jit, static_argnames="num_rounds", donate_argnums=(0,) if donate else (),
-                       compiler_options=compiler_options)
     def run_rounds(state: LoopState, inputs: RoundInputs, num_rounds: int):
         return jax.lax.scan(lambda s, _: run_round(algorithm, plan, s, inputs, client_update), state, None,
                             length=num_rounds)
 
-    return run_rounds
+    return jit_with_options(run_rounds, compiler_options, static_argnames="num_rounds",
+                            donate_argnums=(0,) if donate else ())

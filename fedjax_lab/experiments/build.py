@@ -226,14 +226,16 @@ def cohort_order(config: Config) -> str:
 
 
 def cpu_matmul(config: Config) -> str | None:
-    """``rounds.cpu_matmul`` resolved by the rules: ``ynnpack`` (XLA's default) for ``auto`` on a CPU;
-    ``None`` on other backends, where it does not apply. Eigen's kernels ran the convolutional models' rounds
-    1.07-1.10x faster (``benchmarks/bherd_cnn_round.py --compare matmul``), but they take a compiler option,
-    and JAX refuses compiler options on a jit nested in another trace: ``jax.eval_shape`` of a function that
-    calls ``run_rounds`` would fail. So they are chosen only when asked for or measured."""
+    """``rounds.cpu_matmul`` resolved by the rules, for ``auto`` on a CPU: XLA's Eigen kernels for the
+    convolutional models (``CONV_MODELS``; on a CPU core BHerd's CNN's round ran 1.08x faster,
+    ``benchmarks/bherd_cnn_round.py --compare matmul``, the simple-CNN's epoch rounds a median 1.10x), else
+    XLA's default, YNNPACK (the MLP ran 11 % slower with Eigen's); ``None`` on other backends, where it does
+    not apply."""
     if jax.default_backend() != "cpu":
         return None
-    return "ynnpack" if config.rounds.cpu_matmul == "auto" else config.rounds.cpu_matmul
+    if config.rounds.cpu_matmul != "auto":
+        return config.rounds.cpu_matmul
+    return "eigen" if config.model.name in CONV_MODELS else "ynnpack"
 
 
 def _measured_layout(config: Config, dataset: FederatedDataset) -> Experiment:

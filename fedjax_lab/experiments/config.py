@@ -298,8 +298,8 @@ class RoundsConfig(Section):
     cpu_matmul: Literal["auto", "ynnpack", "eigen"] = Field(
         "auto", description="on a CPU, the library of the training program's matrix products: ynnpack "
                             "(XLA's default), eigen (XLA's Eigen kernels), or auto: chosen by measurement "
-                            "(rounds.layout), ynnpack under the rules. Ignored on other backends. Changes "
-                            "results at float rounding only")
+                            "(rounds.layout); under the rules eigen for the CNNs and ResNets, ynnpack "
+                            "otherwise. Ignored on other backends. Changes results at float rounding only")
     layout: Literal["measure", "rules"] = Field(
         default_factory=_layout_from_environment,
         description="measure: the unset model.lowering, chunk_size and cpu_matmul are chosen by timing the "

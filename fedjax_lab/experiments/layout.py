@@ -17,9 +17,9 @@ over a second (ResNet-18 on a CPU), the rules stand, as timing every candidate w
    fastest lowering;
 3. then, on a CPU, the library of the matrix products, XLA's default (YNNPACK's) or its Eigen kernels, in the
    fastest of those (:func:`compiler_options`): on a 2-core AMD EPYC the simple-CNN's training step ran about
-   6 % faster with Eigen's and the MLP's 11 % slower (docs/benchmarks.md). Eigen's take a compiler option,
-   which JAX refuses on a jit nested in another trace: a round so compiled cannot be called inside
-   ``jax.eval_shape`` or another ``jit``.
+   6 % faster with Eigen's and the MLP's 11 % slower, so the rules give the convolutional models Eigen's
+   (docs/benchmarks.md). Called inside another trace, a round drops the option
+   (:func:`~fedjax_lab.engine.simulation.jit_with_options`).
 
 With local epochs over clients of unequal size a chunk runs its heaviest client's steps (the others are
 masked) and a device its busiest share, which a round of equal steps does not show: there each chunk

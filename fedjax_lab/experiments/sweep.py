@@ -19,7 +19,6 @@ partition stay those of the base config's seed, which each member's config pins 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import math
@@ -38,7 +37,7 @@ from tqdm.auto import tqdm
 from fedjax_lab.data.report import write_partition_report
 from fedjax_lab.engine import init_loop_state, randomness, run_round
 from fedjax_lab.engine.sharding import client_mesh, place_training_arrays
-from fedjax_lab.engine.simulation import map_cohort
+from fedjax_lab.engine.simulation import jit_with_options, map_cohort
 from fedjax_lab.experiments import hyperparams, layout, privacy
 from fedjax_lab.experiments.build import build_experiment
 from fedjax_lab.experiments.classifiers import CONV_MODELS
@@ -329,8 +328,6 @@ def build_sweep_program(members: list[Member], member_chunk: int,
 
         return map_cohort(one, member_chunk, keys, values, shared=(inputs,), mesh=mesh)
 
-    @functools.partial(jax.jit, static_argnames="num_rounds",
-                       compiler_options=layout.compiler_options(experiment.cpu_matmul))
     def run_rounds(states, keys, values, inputs, num_rounds):
         def one(inputs, state, key, hp):
             member_inputs = inputs._replace(key=key, hparams=hp)
@@ -343,6 +340,8 @@ def build_sweep_program(members: list[Member], member_chunk: int,
     num_clients = experiment.dataset.num_clients
     configs = [privacy.resolve(m.config, num_clients) for m in members]  # a noise multiplier for each
     values = _stack([hyperparams.as_arrays(hyperparams.hyperparams(c)) for c in configs])
+    run_rounds = jit_with_options(run_rounds, layout.compiler_options(experiment.cpu_matmul),
+                                  static_argnames="num_rounds")
     return SweepProgram(experiment, keys, values, member_chunk, initial_states, run_rounds, configs,
                         [privacy.epsilons(c, num_clients) for c in configs])
 
