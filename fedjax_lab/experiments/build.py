@@ -205,8 +205,8 @@ def build_experiment(config: Config) -> Experiment:
 
 
 def rules_layout(config: Config, share: int) -> layout.Layout:
-    """The layout the hand rules give a cohort share: ``default_lowering``, ``default_chunk_size`` and XLA's
-    default matrix products, or the explicit settings."""
+    """The layout the hand rules give a cohort share: ``default_lowering``, ``default_chunk_size`` and
+    :func:`cpu_matmul`, or the explicit settings."""
     lowering = None
     if config.model.name in CONV_MODELS:
         lowering = config.model.lowering
