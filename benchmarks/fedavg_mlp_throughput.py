@@ -497,9 +497,15 @@ def machine_info() -> dict:
 
 
 def machine_kind(info: dict) -> str:
+    """A result file's machine tag: ``cpu-<vendor>-<widest SIMD>-<cores>core`` (``cpu-amd-avx2-1core``), so
+    that two VM kinds measured on the same day do not write the same file; else the backend and device."""
     backend = info.get("jax_backend", "cpu")
     if backend == "cpu":
-        return f"cpu-{info.get('cores_available')}core"
+        model = (info.get("cpu_model") or "").lower()
+        vendor = next((v for v in ("intel", "amd", "arm") if v in model), "")
+        flags = info.get("cpu_simd", [])
+        simd = next((s for s in ("avx512", "avx2") if any(f.startswith(s) for f in flags)), "")
+        return "-".join(["cpu", *filter(None, (vendor, simd)), f"{info.get('cores_available')}core"])
     dev = (info.get("jax_devices") or ["dev"])[0]
     return f"{backend}-" + "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
 
