@@ -46,10 +46,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,36 +119,12 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(worker(args.compare, args.worker, args.calls)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fedavg_mlp_throughput import machine_info, machine_kind
-    from records import code_commit
+    from alternating import alternate, compare_two, save
 
-    runs = {way: [] for way in ways}
-    for rep in range(args.reps):
-        for way in ways:
-            command = [sys.executable, __file__, "--compare", args.compare, "--worker", way, "--calls",
-                       str(args.calls)]
-            out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"rep {rep} {way:>8}: {statistics.median(runs[way][-1]['examples_per_s']):,.0f} ex/s",
-                  flush=True)
-    now, before = ways
-    medians = {way: statistics.median(r for run in runs[way] for r in run["examples_per_s"]) for way in ways}
-    pairs = [statistics.median(w["examples_per_s"]) / statistics.median(s["examples_per_s"])
-             for w, s in zip(runs[now], runs[before])]
-    print(f"{now} {medians[now]:,.0f} ex/s, {before} {medians[before]:,.0f}: "
-          f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
-    info = machine_info()
-    date = datetime.date.today().isoformat()
-    record = {"benchmark": "bherd_cnn_round", "date": date, "commit": code_commit(), "machine": info,
-              "args": vars(args),
-              "overrides": [*COMPARES[args.compare][1], *OVERRIDES], "runs": runs,
-              "median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
-              "speedup_per_repetition": pairs}
-    path = Path(args.out) / f"bherd-cnn-{args.compare}-{machine_kind(info)}-{date.replace('-', '')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"saved {path}")
+    runs = alternate(__file__, ways, args.reps, after=["--compare", args.compare, "--calls", str(args.calls)])
+    save(f"bherd-cnn-{args.compare}", {"benchmark": "bherd_cnn_round", "args": vars(args),
+                                       "overrides": [*COMPARES[args.compare][1], *OVERRIDES], "runs": runs,
+                                       **compare_two(runs, *ways)}, args.out)
 
 
 if __name__ == "__main__":

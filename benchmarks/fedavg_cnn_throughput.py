@@ -132,6 +132,24 @@ def examples_per_call(experiment, budget: Budget, rounds: int, calls: int) -> li
             for c in range(calls)]
 
 
+def epoch_round_rates(calls: int, rounds: int = 3) -> dict:
+    """The engine on the one-epoch workload under the rules' layout: a warm-up call, then ``calls`` timed
+    calls of ``rounds`` rounds, each call's examples a second (the worker of ``band_height.py`` and
+    ``training_pages.py``, after their patch)."""
+    budget = Budget(epochs=1)
+    experiment = build_experiment(load_config(CONFIG, [*budget.overrides(), "rounds.layout=rules"]))
+    call = engine_way(experiment, rounds)
+    call()
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - start)
+    examples = examples_per_call(experiment, budget, rounds, calls + 1)[1:]  # the first call was the warm-up
+    return {"examples_per_s": [n / s for n, s in zip(examples, seconds)], "devices": jax.device_count(),
+            "chunk_size": experiment.plan.chunk_size, "cpu_matmul": experiment.cpu_matmul}
+
+
 def jax_loop_way(experiment, steps: int | None, rounds: int, epochs: int | None = None):
     """Per-client Python loop over a jitted ``train_locally`` (the engine's keys), jitted server update;
     ``steps`` local steps, or ``epochs`` local epochs when ``steps`` is None."""

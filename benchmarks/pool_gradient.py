@@ -27,12 +27,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -92,29 +88,15 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.calls)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fedavg_mlp_throughput import machine_info, machine_kind
+    from alternating import alternate, median_of_calls, save
 
-    runs = {way: [] for way in WAYS}
-    for rep in range(args.reps):
-        for way in WAYS:
-            out = subprocess.run([sys.executable, __file__, "--worker", way, "--calls", str(args.calls)],
-                                 cwd=REPO, capture_output=True, text=True, check=True)
-            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"rep {rep} {way:>8}: {statistics.median(runs[way][-1]['examples_per_s']):,.0f} ex/s",
-                  flush=True)
-    medians = {way: statistics.median(r for run in runs[way] for r in run["examples_per_s"]) for way in WAYS}
+    runs = alternate(__file__, WAYS, args.reps, after=["--calls", str(args.calls)])
+    medians = {way: median_of_calls(runs[way]) for way in WAYS}
     for way in WAYS:
         print(f"{way:>8}: {medians[way]:,.0f} ex/s, now / {way} = {medians['now'] / medians[way]:.3f}")
-    info = machine_info()
-    date = datetime.date.today().isoformat()
-    record = {"benchmark": "pool_gradient", "date": date, "machine": info, "args": vars(args),
-              "runs": runs, "median_examples_per_s": medians,
-              "speedup_of_now": {way: medians["now"] / medians[way] for way in WAYS}}
-    path = Path(args.out) / f"pool-gradient-{machine_kind(info)}-{date.replace('-', '')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"saved {path}")
+    save("pool-gradient", {"benchmark": "pool_gradient", "args": vars(args), "runs": runs,
+                           "median_examples_per_s": medians,
+                           "speedup_of_now": {way: medians["now"] / medians[way] for way in WAYS}}, args.out)
 
 
 if __name__ == "__main__":

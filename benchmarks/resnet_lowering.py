@@ -26,11 +26,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -79,35 +76,23 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(worker(*args.worker, args.calls)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fedavg_mlp_throughput import machine_info, machine_kind
-    from records import code_commit
+    from alternating import alternate, paired_ratios, save
 
-    runs = {w: {way: [] for way in WAYS} for w in args.workloads}
-    speedups = {}
+    def show(run):
+        return f"{sum(run['seconds_per_round']):.2f} s for {args.calls} rounds"
+
+    runs, speedups = {}, {}
     for workload in args.workloads:
-        for rep in range(args.reps):
-            for way in WAYS:
-                command = [sys.executable, __file__, "--worker", workload, way, "--calls", str(args.calls)]
-                out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-                runs[workload][way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-                seconds = sum(runs[workload][way][-1]["seconds_per_round"])
-                print(f"{workload} rep {rep} {way:>7}: {seconds:.2f} s for {args.calls} rounds", flush=True)
-        total = {way: [sum(r["seconds_per_round"]) for r in runs[workload][way]] for way in WAYS}
-        pairs = [im2col / banded for banded, im2col in zip(total["banded"], total["im2col"])]
+        runs[workload] = alternate(__file__, WAYS, args.reps, before=[workload],
+                                   after=["--calls", str(args.calls)], show=show, label=f"{workload} ")
+        found = runs[workload]
+        pairs = paired_ratios(found["im2col"], found["banded"], "seconds_per_round", total=True)
         speedups[workload] = {"median": statistics.median(pairs), "per_repetition": pairs}
         print(f"{workload}: banded {statistics.median(pairs):.2f}x im2col; per repetition "
               + ", ".join(f"{p:.2f}" for p in pairs), flush=True)
-    info = machine_info()
-    date = datetime.date.today().isoformat()
-    record = {"benchmark": "resnet_lowering", "date": date, "commit": code_commit(), "machine": info,
-              "args": vars(args),
-              "workloads": {w: WORKLOADS[w] + COMMON for w in args.workloads}, "runs": runs,
-              "speedup_of_banded": speedups}
-    path = Path(args.out) / f"resnet-lowering-{machine_kind(info)}-{date.replace('-', '')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"saved {path}")
+    save("resnet-lowering", {"benchmark": "resnet_lowering", "args": vars(args),
+                             "workloads": {w: WORKLOADS[w] + COMMON for w in args.workloads}, "runs": runs,
+                             "speedup_of_banded": speedups}, args.out)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,27 +43,15 @@ def worker(way: str, calls: int, devices: int | None) -> dict:
     use_cpu_cores()
     import jax
 
-    from fedjax_lab.experiments import build, build_experiment, load_config
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fedavg_cnn_throughput import Budget, examples_per_call
+    from fedjax_lab.experiments import build
 
     if way == "ordinary":
         build.place_training_arrays = lambda arrays, mesh: jax.device_put(arrays)
-    budget = Budget(epochs=1)
-    config = load_config(REPO / "configs" / "cifar10_fedavg.yaml",
-                         [*budget.overrides(), "rounds.layout=rules"])
-    experiment = build_experiment(config)
-    state = jax.block_until_ready(experiment.run_rounds(experiment.initial_state(), experiment.inputs,
-                                                        num_rounds=ROUNDS)[0])
-    seconds = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        state = jax.block_until_ready(experiment.run_rounds(state, experiment.inputs, num_rounds=ROUNDS)[0])
-        seconds.append(time.perf_counter() - start)
-    examples = examples_per_call(experiment, budget, ROUNDS, calls + 1)[1:]  # the first call was the warm-up
-    return {"examples_per_s": [n / s for n, s in zip(examples, seconds)], "devices": jax.device_count(),
-            "chunk_size": experiment.plan.chunk_size, "cpu_matmul": experiment.cpu_matmul}
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fedavg_cnn_throughput import epoch_round_rates
+
+    return epoch_round_rates(calls, ROUNDS)
 
 
 def main(argv=None) -> None:
@@ -81,33 +65,12 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.calls, args.devices)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fedavg_mlp_throughput import machine_info, machine_kind
+    from alternating import alternate, compare_two, save
 
-    runs = {way: [] for way in WAYS}
     extra = ["--devices", str(args.devices)] if args.devices else []
-    for rep in range(args.reps):
-        for way in WAYS:
-            command = [sys.executable, __file__, "--worker", way, "--calls", str(args.calls), *extra]
-            out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"rep {rep} {way:>8}: {statistics.median(runs[way][-1]['examples_per_s']):,.0f} ex/s",
-                  flush=True)
-    medians = {way: statistics.median(r for run in runs[way] for r in run["examples_per_s"]) for way in WAYS}
-    pairs = [statistics.median(h["examples_per_s"]) / statistics.median(o["examples_per_s"])
-             for h, o in zip(runs["huge"], runs["ordinary"])]
-    print(f"huge {medians['huge']:,.0f} ex/s, ordinary {medians['ordinary']:,.0f}: "
-          f"{medians['huge'] / medians['ordinary']:.3f}x; per repetition "
-          + ", ".join(f"{p:.3f}" for p in pairs))
-    info = machine_info()
-    date = datetime.date.today().isoformat()
-    record = {"benchmark": "training_pages", "date": date, "machine": info, "args": vars(args),
-              "runs": runs, "median_examples_per_s": medians,
-              "speedup_of_huge": medians["huge"] / medians["ordinary"], "speedup_per_repetition": pairs}
-    path = Path(args.out) / f"training-pages-{machine_kind(info)}-{date.replace('-', '')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"saved {path}")
+    runs = alternate(__file__, WAYS, args.reps, after=["--calls", str(args.calls), *extra])
+    save("training-pages", {"benchmark": "training_pages", "args": vars(args), "runs": runs,
+                            **compare_two(runs, "huge", "ordinary")}, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""The harness of the benchmarks that time a change against what it replaced, in one sitting.
+
+Each way of a workload runs in a fresh process (``python <script> --worker [<workload>] <way> ...``), which
+prints its measurements as a JSON line last; the ways alternate (A, B, A, B, ...) so that a drift of the
+machine's speed falls on every way alike, and the ratio of two ways is taken repetition by repetition as well
+as over all their calls. Used by ``bherd_cnn_round.py``, ``band_height.py``, ``pool_gradient.py``,
+``resnet_lowering.py`` and ``training_pages.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+Run = dict[str, Any]
+
+
+def examples_per_s(run: Run) -> str:
+    """A process's line in the log: the median of its calls' examples a second."""
+    return f"{statistics.median(run['examples_per_s']):,.0f} ex/s"
+
+
+def alternate(script: str | Path, ways: Sequence[str], reps: int, *, before: Sequence[str] = (),
+              after: Sequence[str] = (), show: Callable[[Run], str] = examples_per_s,
+              label: str = "") -> dict[str, list[Run]]:
+    """Runs ``python script --worker *before way *after`` for each way, ``reps`` times, the ways alternating.
+
+    Returns:
+      ``{way: [the JSON object each of its processes printed last, in order]}``.
+    """
+    runs: dict[str, list[Run]] = {way: [] for way in ways}
+    for rep in range(reps):
+        for way in ways:
+            command = [sys.executable, str(script), "--worker", *before, way, *after]
+            out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{label}rep {rep} {way:>8}: {show(runs[way][-1])}", flush=True)
+    return runs
+
+
+def median_of_calls(runs: Sequence[Run], key: str = "examples_per_s") -> float:
+    """The median of ``key`` over every call of every process of a way."""
+    return statistics.median(value for run in runs for value in run[key])
+
+
+def paired_ratios(numerator: Sequence[Run], denominator: Sequence[Run], key: str = "examples_per_s",
+                  total: bool = False) -> list[float]:
+    """Per repetition, ``numerator``'s median of ``key`` over ``denominator``'s (their sums with ``total``:
+    for seconds, pass the slower way as the numerator)."""
+    reduce = sum if total else statistics.median
+    return [reduce(a[key]) / reduce(b[key]) for a, b in zip(numerator, denominator, strict=True)]
+
+
+def compare_two(runs: dict[str, list[Run]], now: str, before: str, names: dict[str, str] | None = None
+                ) -> dict[str, Any]:
+    """Prints and returns ``now`` against ``before`` in examples a second: each way's median over its calls,
+    their ratio (``speedup_of_<now>``) and the ratio per repetition. ``names`` label the ways in the line."""
+    name = (names or {}).get
+    medians = {way: median_of_calls(runs[way]) for way in (now, before)}
+    pairs = paired_ratios(runs[now], runs[before])
+    print(f"{name(now, now)} {medians[now]:,.0f} ex/s, {name(before, before)} {medians[before]:,.0f}: "
+          f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
+    return {"median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
+            "speedup_per_repetition": pairs}
+
+
+def result_path(out: str | Path, name: str, machine: str, date: str) -> Path:
+    """``<out>/<name>-<machine>-<yyyymmdd>.json``, or with ``-2``, ``-3``, ... where that file exists: a rerun
+    never replaces a kept result."""
+    stem = Path(out) / f"{name}-{machine}-{date.replace('-', '')}"
+    path, n = stem.with_suffix(".json"), 1
+    while path.exists():
+        n += 1
+        path = stem.parent / f"{stem.name}-{n}.json"
+    return path
+
+
+def save(name: str, record: dict[str, Any], out: str | Path) -> Path:
+    """Writes ``record`` with the date, the commit and the machine (``fedavg_mlp_throughput.machine_info``)
+    to :func:`result_path`, and returns the path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fedavg_mlp_throughput import machine_info, machine_kind
+    from records import code_commit
+
+    info = machine_info()
+    date = datetime.date.today().isoformat()
+    path = result_path(out, name, machine_kind(info), date)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"date": date, "commit": code_commit(), "machine": info, **record}, indent=1))
+    print(f"saved {path}")
+    return path

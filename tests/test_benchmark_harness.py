@@ -1,0 +1,73 @@
+"""The harness of the A/B benchmarks: the ways alternate in fresh processes, ratios are paired by repetition,
+and a result file never replaces another."""
+
+import json
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import alternating
+from fedavg_mlp_throughput import machine_kind
+
+WORKER = """
+import json, os, sys
+way, rest = sys.argv[2], sys.argv[3:]
+log = os.environ["ORDER_LOG"]
+with open(log, "a") as f:
+    f.write(way + "\\n")
+calls = sum(1 for _ in open(log))
+print("compiling...")
+print(json.dumps({"way": way, "rest": rest, "examples_per_s": [100.0 * calls, 300.0 * calls]}))
+"""
+
+
+def test_the_ways_alternate_in_fresh_processes_and_each_returns_its_last_json_line(tmp_path, monkeypatch):
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    monkeypatch.setenv("ORDER_LOG", str(tmp_path / "order"))
+    runs = alternating.alternate(script, ("a", "b"), 3, after=["--calls", "2"])
+    assert (tmp_path / "order").read_text().split() == ["a", "b"] * 3
+    assert [r["way"] for r in runs["a"]] == ["a"] * 3
+    assert all(r["rest"] == ["--calls", "2"] for r in runs["b"])
+    # the n-th process (1-based) reports 100 n and 300 n: its median is 200 n
+    assert [statistics.median(r["examples_per_s"]) for r in runs["a"]] == [200.0, 600.0, 1000.0]
+    assert alternating.paired_ratios(runs["b"], runs["a"]) == pytest.approx([4 / 2, 8 / 6, 12 / 10])
+    assert alternating.median_of_calls(runs["a"]) == 400.0  # of 100, 300, 300, 900, 500, 1500
+    summary = alternating.compare_two(runs, "b", "a")
+    assert summary["speedup_of_b"] == pytest.approx(alternating.median_of_calls(runs["b"]) / 400.0)
+    assert summary["speedup_per_repetition"] == pytest.approx([2.0, 4 / 3, 1.2])
+
+
+def test_summed_seconds_give_the_slower_way_over_the_faster():
+    slow, fast = [{"s": [3.0, 3.0]}, {"s": [4.0, 2.0]}], [{"s": [1.0, 2.0]}, {"s": [2.0, 1.0]}]
+    assert alternating.paired_ratios(slow, fast, "s", total=True) == [2.0, 2.0]
+    with pytest.raises(ValueError):
+        alternating.paired_ratios(slow, fast[:1], "s")
+
+
+def test_a_result_never_replaces_a_kept_file(tmp_path):
+    first = alternating.result_path(tmp_path, "band-height", "cpu-amd-avx2-2core", "2026-12-01")
+    assert first.name == "band-height-cpu-amd-avx2-2core-20261201.json"
+    first.write_text("{}")
+    second = alternating.result_path(tmp_path, "band-height", "cpu-amd-avx2-2core", "2026-12-01")
+    assert second.name == "band-height-cpu-amd-avx2-2core-20261201-2.json"
+    second.write_text("{}")
+    assert alternating.result_path(tmp_path, "band-height", "cpu-amd-avx2-2core", "2026-12-01").name.endswith(
+        "-3.json")
+    assert json.loads(first.read_text()) == {}
+
+
+@pytest.mark.parametrize("info, kind", [
+    ({"cpu_model": "AMD EPYC", "cpu_simd": ["avx", "avx2", "fma"], "cores_available": 1},
+     "cpu-amd-avx2-1core"),
+    ({"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_simd": ["avx2", "avx512f"], "cores_available": 2},
+     "cpu-intel-avx512-2core"),
+    ({"cpu_model": "", "cpu_simd": [], "cores_available": 4}, "cpu-4core"),
+    ({"jax_backend": "gpu", "jax_devices": ["NVIDIA H200"]}, "gpu-nvidia-h200"),
+])
+def test_result_files_name_the_cpus_vendor_and_widest_simd(info, kind):
+    assert machine_kind(info) == kind
