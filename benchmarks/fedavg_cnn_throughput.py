@@ -57,7 +57,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fedavg_mlp_throughput import machine_info, machine_kind
+from fedavg_mlp_throughput import machine_info
 
 from fedjax_lab.engine import ClientData, LocalSchedule, randomness, sampling, train_locally
 from fedjax_lab.experiments import load_config
@@ -445,11 +445,9 @@ def main(argv=None) -> None:
                 ratio = f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-"
                 print(f"{steps:>5} {name:<16} {r['examples_per_s']:>9,.0f} {r['examples_per_s_best']:>9,.0f} "
                       f"{r['seconds_per_round']:>8.2f} {ratio:>9}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"cifar10_cnn-{machine_kind(info)}-{results['date'].replace('-', '')}.json"
-    path.write_text(json.dumps(results, indent=1))
-    print(f"saved {path}")
+    from alternating import save
+
+    save("cifar10_cnn", results, args.out)
 
 
 if __name__ == "__main__":
