@@ -64,12 +64,14 @@ def test_dropout_acts_only_in_the_training_loss_and_with_its_key():
     batch = {"x": x, "y": jnp.arange(8) % 10, "mask": jnp.ones(8)}
     for module, keyed in ((PflCNN(10), True), (SimpleCNN(10), False)):
         clf = Classifier(module, CIFAR, preprocess=lambda x: x)
-        variables = clf.init(jax.random.key(0))
-        losses = [float(clf.loss(variables, batch, jax.random.key(k))[0]) for k in (3, 4, 3)]
+        variables = jax.jit(clf.init)(jax.random.key(0))
+        loss, predict = jax.jit(lambda v, k, clf=clf: clf.loss(v, batch, k)[0]), jax.jit(clf.predict)
+        losses = [float(loss(variables, jax.random.key(k))) for k in (3, 4, 3)]
         assert (losses[0] != losses[1]) == keyed and losses[0] == losses[2]
-        np.testing.assert_array_equal(clf.predict(variables, x), clf.predict(variables, x))
+        np.testing.assert_array_equal(predict(variables, x), predict(variables, x))
         if keyed:  # the training pass without dropout's key is the evaluation pass
-            np.testing.assert_allclose(clf.apply(variables, x, train=True), clf.predict(variables, x))
+            np.testing.assert_allclose(jax.jit(lambda v, clf=clf: clf.apply(v, x, train=True))(variables),
+                                       predict(variables, x))
 
 
 def test_char_rnn_has_the_tff_parameter_count():
@@ -82,13 +84,14 @@ def test_char_rnn_has_the_tff_parameter_count():
                                            (SimpleCNN(10), "conv2"), (MLP(10, (8, 6)), "hidden_0")])
 def test_lower_then_upper_equals_the_whole_network(module, split):
     x = jax.random.normal(jax.random.key(1), (2,) + CIFAR)
-    variables = module.init(jax.random.key(0), x)
-    h = module.apply(variables, x, split, method="lower")
-    np.testing.assert_allclose(module.apply(variables, h, split, method="upper"), module.apply(variables, x),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(module.apply(variables, module.apply(variables, x, method="features"),
-                                            method="head"),
-                               module.apply(variables, x), rtol=1e-5, atol=1e-5)
+    variables = jax.jit(module.init)(jax.random.key(0), x)
+    whole = jax.jit(module.apply)(variables, x)
+    split_up = jax.jit(lambda v, x: module.apply(v, module.apply(v, x, split, method="lower"), split,
+                                                 method="upper"))
+    np.testing.assert_allclose(split_up(variables, x), whole, rtol=1e-5, atol=1e-5)
+    head_on_features = jax.jit(lambda v, x: module.apply(v, module.apply(v, x, method="features"),
+                                                         method="head"))
+    np.testing.assert_allclose(head_on_features(variables, x), whole, rtol=1e-5, atol=1e-5)
 
 
 def test_resnet18_splits_have_fedimpro_feature_shapes():
@@ -107,19 +110,22 @@ def test_unknown_split_names_the_allowed_stages():
                             jnp.zeros((1,) + CIFAR), "conv9", method="lower")
 
 
+def sin_sum_gradients(convs, params, x) -> list:
+    """Each convolution's gradient of sum(sin(conv(x))) in its parameters and input, compiled: a test's
+    eager operations would compile one small program each, the most of its time."""
+    loss = lambda conv: lambda p, x: jnp.sum(jnp.sin(conv.apply(p, x)))
+    return [jax.jit(jax.grad(loss(conv), argnums=(0, 1)))(params, x) for conv in convs]
+
+
 @pytest.mark.parametrize("lowering", ["im2col", "banded"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 def test_convolution_lowerings_equal_xla_convolution_and_its_gradients(lowering, padding):
     x = jax.random.normal(jax.random.key(0), (3, 12, 10, 4))
     xla, im2col = Conv(5, (5, 3), padding, lowering="xla"), Conv(5, (5, 3), padding, lowering=lowering)
     params = xla.init(jax.random.key(1), x)
-
-    def loss(conv, p, x):
-        return jnp.sum(jnp.sin(conv.apply(p, x)))
-
-    np.testing.assert_allclose(im2col.apply(params, x), xla.apply(params, x), rtol=1e-4, atol=1e-4)
-    for a, b in zip(jax.tree.leaves(jax.grad(loss, argnums=(1, 2))(im2col, params, x)),
-                    jax.tree.leaves(jax.grad(loss, argnums=(1, 2))(xla, params, x))):
+    np.testing.assert_allclose(jax.jit(im2col.apply)(params, x), jax.jit(xla.apply)(params, x), rtol=1e-4,
+                               atol=1e-4)
+    for a, b in zip(*map(jax.tree.leaves, sin_sum_gradients((im2col, xla), params, x))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -136,27 +142,29 @@ def test_band_rows_hold_each_bands_columns_and_the_banded_gradients_equal_xlas(w
     wb = band_width(width - kw + 1, kw)
     bands, groups = (width - kw + 1) // wb, 4 // height
 
+    @jax.jit
     def per_band(x):  # band (g, n) reads rows g * height .. g * height + height + 1
         return jnp.stack([jnp.stack([jnp.stack([x[:, g * height + i, n * wb:n * wb + wb + kw - 1]
                                                 for g in range(groups)], 1) for n in range(bands)], 2)
                           for i in range(height + 2)], 3)
 
-    np.testing.assert_array_equal(layers._bands_whole_width(x, 3, kw, wb, height), per_band(x))
-    np.testing.assert_array_equal(band_rows(x, 3, kw, wb, height), per_band(x))
+    whole_width = jax.jit(lambda x: layers._bands_whole_width(x, 3, kw, wb, height))
+    rows = jax.jit(lambda x: band_rows(x, 3, kw, wb, height))
+    np.testing.assert_array_equal(whole_width(x), per_band(x))
+    np.testing.assert_array_equal(rows(x), per_band(x))
     cotangent = jax.random.normal(jax.random.key(2), per_band(x).shape)
-    expected = jax.vjp(per_band, x)[1](cotangent)[0]
-    rows = lambda x: band_rows(x, 3, kw, wb, height)
-    np.testing.assert_allclose(jax.vjp(rows, x)[1](cotangent)[0], expected, rtol=1e-5, atol=1e-5)
-    vmapped = jax.vmap(lambda x, g: jax.vjp(rows, x)[1](g)[0])
+    transpose = lambda f: jax.jit(lambda x, g: jax.vjp(f, x)[1](g)[0])
+    expected = transpose(per_band)(x, cotangent)
+    np.testing.assert_allclose(transpose(rows)(x, cotangent), expected, rtol=1e-5, atol=1e-5)
+    vmapped = jax.vmap(transpose(rows))
     np.testing.assert_allclose(vmapped(jnp.stack([x, 2 * x]), jnp.stack([cotangent, -cotangent]))[1],
                                -expected, rtol=1e-5, atol=1e-5)
     banded = Conv(4, (3, kw), "VALID", lowering="banded", band_height=height)
     xla = Conv(4, (3, kw), "VALID", lowering="xla")
     params = xla.init(jax.random.key(1), x)
-    np.testing.assert_allclose(banded.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
-    grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)
-             for c in (banded, xla)]
-    for a, b in zip(*map(jax.tree.leaves, grads)):
+    np.testing.assert_allclose(jax.jit(banded.apply)(params, x), jax.jit(xla.apply)(params, x), rtol=1e-5,
+                               atol=1e-5)
+    for a, b in zip(*map(jax.tree.leaves, sin_sum_gradients((banded, xla), params, x))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -174,7 +182,8 @@ def test_the_banded_input_gradient_as_a_transposed_convolution_equals_xlas(kerne
     out_w = xla.apply(params, x).shape[2]
     wb = layers.band_width(out_w, kernel[1])
     assert layers.gradient_copies(out_w, kernel, wb, height) > layers.TRANSPOSED_GRADIENT
-    np.testing.assert_allclose(banded.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(banded.apply)(params, x), jax.jit(xla.apply)(params, x), rtol=1e-5,
+                               atol=1e-5)
 
     def grads(conv, x):
         loss = lambda p, x: jnp.sum(jnp.sin(conv.apply(p, x)))
@@ -182,7 +191,8 @@ def test_the_banded_input_gradient_as_a_transposed_convolution_equals_xlas(kerne
         second = jax.grad(lambda x: jnp.sum(jax.grad(loss)(params, x)["params"]["kernel"] ** 2))(x)
         return first, second
 
-    for a, b in zip(jax.tree.leaves(grads(banded, x)), jax.tree.leaves(grads(xla, x))):
+    for a, b in zip(jax.tree.leaves(jax.jit(lambda x: grads(banded, x))(x)),
+                    jax.tree.leaves(jax.jit(lambda x: grads(xla, x))(x))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
 
 
@@ -193,8 +203,8 @@ def test_the_transposed_convolution_gradient_vmaps():
                                                                                          (2, 14, 14, 6))])
     banded, xla = (Conv(7, (5, 5), "SAME", lowering=lowering) for lowering in ("banded", "xla"))
     params = xla.init(jax.random.key(1), x[0])
-    input_gradient = lambda conv: jax.grad(lambda x: jnp.sum(jnp.sin(conv.apply(params, x))))
-    vmapped = jax.vmap(input_gradient(banded))(x)
+    input_gradient = lambda conv: jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(conv.apply(params, x)))))
+    vmapped = jax.jit(jax.vmap(input_gradient(banded)))(x)
     for vmapped_one, x_one in zip(vmapped, x):
         np.testing.assert_allclose(vmapped_one, input_gradient(xla)(x_one), rtol=1e-4, atol=1e-5)
 
@@ -209,9 +219,7 @@ def test_the_banded_kernel_gradient_equals_xlas_in_either_orientation(channels, 
     xla = Conv(features, (5, 5), "SAME", lowering="xla")
     params = xla.init(jax.random.key(1), x)
     assert layers._narrower_first(4 * features, 5 * 8 * channels) == narrow_outputs
-    grads = [jax.grad(lambda p, x, c=c: jnp.sum(jnp.sin(c.apply(p, x))), argnums=(0, 1))(params, x)
-             for c in (banded, xla)]
-    for a, b in zip(*map(jax.tree.leaves, grads)):
+    for a, b in zip(*map(jax.tree.leaves, sin_sum_gradients((banded, xla), params, x))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
 
 
@@ -237,8 +245,8 @@ def test_strided_and_padded_lowerings_equal_xla_convolution(lowering, kernel, st
                                               [(padding,) * 2] * 2,
                                               dimension_numbers=("NHWC", "HWIO", "NHWC"))
                  + params["params"]["bias"])
-    np.testing.assert_allclose(conv("xla").apply(params, x), reference, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(conv(lowering).apply(params, x), reference, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(jax.jit(conv("xla").apply)(params, x), reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(conv(lowering).apply)(params, x), reference, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("lowering", ["im2col", "banded"])
@@ -247,13 +255,13 @@ def test_resnet_lowerings_share_parameters_and_compute_the_same_function_and_gra
 
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
     xla, lowered = resnet8(10, lowering="xla"), resnet8(10, lowering=lowering)
-    variables = xla.init(jax.random.key(1), x, train=False)
-    lowered_variables = lowered.init(jax.random.key(1), x, train=False)
+    variables = jax.jit(lambda k: xla.init(k, x, train=False))(jax.random.key(1))
+    lowered_variables = jax.eval_shape(lambda k: lowered.init(k, x, train=False), jax.random.key(1))
     assert jax.tree.structure(variables) == jax.tree.structure(lowered_variables)
-    np.testing.assert_allclose(lowered.apply(variables, x, train=False), xla.apply(variables, x, train=False),
-                               rtol=1e-4, atol=1e-4)
-    grad = lambda model: jax.grad(lambda p: jnp.sum(jnp.sin(model.apply({**variables, "params": p}, x))))(
-        variables["params"])
+    apply = lambda model: jax.jit(lambda v: model.apply(v, x, train=False))(variables)
+    np.testing.assert_allclose(apply(lowered), apply(xla), rtol=1e-4, atol=1e-4)
+    grad = lambda model: jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(model.apply({**variables, "params": p},
+                                                                                 x)))))(variables["params"])
     for got, want in zip(jax.tree.leaves(grad(lowered)), jax.tree.leaves(grad(xla))):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
@@ -266,8 +274,9 @@ def test_a_resnet_with_rematerialised_blocks_is_the_same_function_with_the_same_
     x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
     labels = jnp.arange(4) % 10
     stored, remat = resnet8(10, norm), resnet8(10, norm, remat=True)
-    variables = stored.init(jax.random.key(1), x, train=False)
-    assert jax.tree.structure(variables) == jax.tree.structure(remat.init(jax.random.key(1), x, train=False))
+    variables = jax.jit(lambda k: stored.init(k, x, train=False))(jax.random.key(1))
+    assert jax.tree.structure(variables) == jax.tree.structure(
+        jax.eval_shape(lambda k: remat.init(k, x, train=False), jax.random.key(1)))
 
     def loss(module, params):
         logits, updates = module.apply({**variables, "params": params}, x, train=True,
@@ -391,12 +400,13 @@ def test_batchnorm_statistics_are_trained_locally_and_averaged_across_clients():
 
 def test_masked_rows_do_not_enter_batch_statistics():
     clf = Classifier(resnet8(3, "batch"), (8, 8, 3))
-    variables = clf.init(jax.random.key(0))
+    variables = jax.jit(clf.init)(jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
     garbage = x.at[2:].set(1e3)
     mask = jnp.array([1.0, 1.0, 0.0, 0.0])
-    _, clean = clf.apply_train(variables, {"x": x[:2], "y": jnp.zeros(2, int), "mask": jnp.ones(2)}, None)
-    _, masked = clf.apply_train(variables, {"x": garbage, "y": jnp.zeros(4, int), "mask": mask}, None)
+    apply_train = jax.jit(lambda batch: clf.apply_train(variables, batch, None)[1])
+    clean = apply_train({"x": x[:2], "y": jnp.zeros(2, int), "mask": jnp.ones(2)})
+    masked = apply_train({"x": garbage, "y": jnp.zeros(4, int), "mask": mask})
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), clean, masked)
 
 
