@@ -71,3 +71,21 @@ def test_a_result_never_replaces_a_kept_file(tmp_path):
 ])
 def test_result_files_name_the_cpus_vendor_and_widest_simd(info, kind):
     assert machine_kind(info) == kind
+
+
+def test_the_suite_profile_sums_each_files_tests_and_ranks_tests_by_compilations(tmp_path):
+    import suite_profile
+
+    compile_, lower = suite_profile.COMPILE, suite_profile.STAGES["lower"]
+    lines = [{"test": "tests/a.py::eager", "wall": 2.5, "events": {compile_: [40, 1.5], lower: [40, 0.5]}},
+             {"test": "tests/a.py::jitted", "wall": 1.0, "events": {compile_: [1, 0.25]}},
+             {"test": "tests/b.py::subprocess", "wall": 9.0, "events": {}}]
+    path = tmp_path / "profile.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = suite_profile.report(path).splitlines()
+    assert out[0] == "3 tests, 12 worker-seconds"
+    files = [line for line in out if line.startswith("| tests/") and ".py |" in line]
+    assert files == ["| tests/b.py | 9.0 | 0 | 0.0 | 0.0 | 0.0 |",
+                     "| tests/a.py | 3.5 | 41 | 0.0 | 0.5 | 1.8 |"]
+    ranked = [line.split(" | ")[0] for line in out if "::" in line]
+    assert ranked == ["| tests/a.py::eager", "| tests/a.py::jitted", "| tests/b.py::subprocess"]

@@ -53,7 +53,7 @@ def test_the_alignment_term_gives_no_gradient_to_the_virtual_features():
     y, c = jnp.array([0, 1, 2, 0, 1, 2]), jnp.array([2, 1, 0, 0, 1, 2])
     align = lambda h, h_v: supcon(jnp.concatenate([h, jax.lax.stop_gradient(h_v)]), jnp.concatenate([y, c]),
                                   jnp.ones(12), 0.07)
-    g, g_v = jax.grad(align, argnums=(0, 1))(h, h_v)
+    g, g_v = jax.jit(jax.grad(align, argnums=(0, 1)))(h, h_v)
     assert float(jnp.abs(g).max()) > 0 and float(jnp.abs(g_v).max()) == 0
 
 
@@ -84,10 +84,11 @@ def test_vhl_widens_the_head_to_the_virtual_classes_and_fits_them(image_root):
     params = state.server_state.params
     assert params["params"]["output"]["kernel"].shape[-1] == 3 + 3  # K natural + V virtual classes
     data = state.server_state.components["vhl"]
-    x, c = virtual_batch(data, jax.random.key(1), 30)
+    x, c = jax.jit(virtual_batch, static_argnums=2)(data, jax.random.key(1), 30)
 
+    @jax.jit
     def virtual_ce(variables):
         logits, _ = experiment.classifier.apply_inputs(variables, x)
-        return float(jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, c + 3)))
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, c + 3))
 
     assert virtual_ce(params) < virtual_ce(experiment.initial_state().server_state.params) - 0.3
