@@ -73,12 +73,16 @@ def _distil(classifier, student, teachers, weights, server_arrays, steps, learni
     cohort = Cohort(jnp.arange(weights.shape[0]), jnp.ones(weights.shape))
     view = ServerView((), {"feddf": teachers}, weights, cohort,
                       ServerContext(jax.random.key(1), jnp.int32(0), server_arrays), student)
-    return component.after_step(view, student)[2 if metrics else 1]
+    return jax.jit(component.after_step)(view, student)[2 if metrics else 1]
 
 
 def _kl(classifier, student, teachers, weights, x):
-    target = ensemble_logits(classifier.predict, teachers, weights, x)
-    return float(softened_kl(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0))
+    @jax.jit
+    def kl(student, teachers, weights, x):
+        target = ensemble_logits(classifier.predict, teachers, weights, x)
+        return softened_kl(classifier.predict(student, x), target, jnp.ones(x.shape[0]), 1.0)
+
+    return float(kl(student, teachers, weights, x))
 
 
 def test_mean_entropy_is_log_c_for_uniform_predictions_and_skips_masked_rows():

@@ -133,7 +133,8 @@ class Experiment:
     def initial_state(self) -> LoopState:
         """The loop state before round 0; the model is initialised from the run's seed (a plug-in's
         ``server_init`` may move it further, as FedWalk's pre-training does)."""
-        params = self.classifier.init(randomness.init_key(self.inputs.key))
+        # Compiled whole: run eagerly, a model's initialisers compile one small program per operation.
+        params = jax.jit(self.classifier.init)(randomness.init_key(self.inputs.key))
         state = init_loop_state(self.algorithm, params, self.dataset.num_clients, self.plan, self.inputs,
                                 self.messages)
         if self.plan.mesh is not None:
