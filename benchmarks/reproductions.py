@@ -22,6 +22,7 @@ from types import ModuleType
 import bherd_table
 import fedcog_table
 import feddle_table
+import fedimpro_divergence
 import fedimpro_table
 import fedwalk_table
 import privacy_table
@@ -38,12 +39,13 @@ SCALED = (feddle_table, fedcog_table, fedimpro_table)  # the scripts with a pape
 
 def page_commands() -> list[tuple[ModuleType, list[str]]]:
     """Each table script and the arguments that rewrite its generated pages (tables, claims, results) from
-    the records: every paper's at CPU scale, each paper-scale table that has records, and the privacy page."""
+    the records: every paper's at CPU scale, each paper-scale table that has records, the privacy page and
+    FedImpro's divergence page."""
     commands = [(module, PAGE_ARGS[module.__name__]) for module in PAPERS]
     commands += [(module, ["--scale", name, "--report"]) for module in SCALED
                  for name, scale in module.SCALES.items()
                  if name != "cpu" and records_of(REPO / "runs" / scale.runs).is_file()]
-    return commands + [(privacy_table, ["--report"])]
+    return commands + [(privacy_table, ["--report"]), (fedimpro_divergence, ["--report"])]
 
 
 def verdicts(decisive: Decisive) -> Counter:

@@ -434,6 +434,8 @@ def redirected(module, args: list[str], folder: Path) -> list[str]:
                  folder / scale.claims]
         if name == "fedcog_table" and scale.name == "cpu":
             extra += ["--weighting-runs", folder / "fedcog_weighting"]
+    elif name == "fedimpro_divergence":
+        extra = ["--out", folder]
     elif name == "privacy_table":
         extra = ["--runs", folder / "privacy", "--out", folder / "privacy_results.md"]
     else:  # bherd_table, fedwalk_table: a folder of pages
@@ -453,6 +455,15 @@ def test_every_generated_page_is_what_its_records_regenerate(tmp_path, module, a
     assert written and not any(p.name.endswith(".new.md") for p in written)
     for page in written:
         assert page.read_text() == (pages / page.name).read_text(), page.name
+
+
+def test_an_update_blows_up_when_it_is_not_finite_or_ten_times_the_median_before_it():
+    from fedimpro_divergence import blown_up
+
+    assert not blown_up([1.0, 1.2, 0.9, 9.0])
+    assert blown_up([1.0, 1.2, 0.9, 11.0])
+    assert blown_up([1.0, float("nan")]) and blown_up([float("inf")])
+    assert not blown_up([1.0, 50.0])  # too few rounds before it to judge
 
 
 def test_the_summary_page_is_what_the_records_regenerate(tmp_path, monkeypatch):
