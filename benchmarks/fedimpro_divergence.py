@@ -1,13 +1,15 @@
-"""Why FedImpro's table runs diverge under Dirichlet(0.05): each diverged run, rerun from its committed
-record's config round by round until its model update blows up, and then, from some rounds before that,
-again with the shared features' weight set to 0 (FedAvg from that round on) and with half the client
-learning rate.
+"""Why runs of FedImpro's tables diverge: each diverged run, rerun from its committed record's config round by
+round until its model update blows up, and then, from some rounds before that, again with its method's term
+changed and with half the client learning rate. FedImpro under Dirichlet(0.05): the shared features'
+weight set to 0 (FedAvg from that round on). SCAFFOLD at its Table 5 rate: FedAvg from the same global
+model, and the global control's deltas divided by all N clients (its paper's and NIID-Bench's form) instead
+of the cohort's |S| (FedImpro's code's, the table's).
 
-If the run blows up with FedImpro's term on and stays finite with it off, from the same state, the term
-drives the instability; if it blows up either way, the state was already lost; a NaN in FedImpro's
-statistics with a finite model would point to a bug in them. The rerun must be the recorded run: its test
-accuracy at each of the record's evaluations is compared with the record's (the same CPU kind and core count
-give the same floats; ``matches`` counts the agreements).
+If the run blows up as run and stays finite with the term changed, from the same state, the term drives the
+instability; if it blows up either way, the state was already lost; a NaN in a method's statistics with a
+finite model would point to a bug in them. The rerun must be the recorded run: its test accuracy at each of
+the record's evaluations is compared with the record's (the same CPU kind and core count give the same
+floats; ``matches`` counts the agreements).
 
 A round's update "blows up" when its norm (``update_norm``, the server's step) is not finite or exceeds
 ``FACTOR`` times the median of the rounds before it. The records are kept in
@@ -17,6 +19,7 @@ A round's update "blows up" when its norm (``update_norm``, the server's step) i
 Usage::
 
     taskset -c 0 python benchmarks/fedimpro_divergence.py --dataset fashion_mnist --seeds 0 1 2
+    taskset -c 0 python benchmarks/fedimpro_divergence.py --method scaffold --setting a0.1_E1_M10 --seeds 1 2
     python benchmarks/fedimpro_divergence.py --report
 """
 
@@ -35,11 +38,14 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "results" / "fedimpro_divergence.json"
 PAGE = "fedimpro_divergence.md"
 FACTOR = 10.0
-BRANCHES = {  # name -> overrides of the recorded config, given the client learning rate
-    "as run": lambda lr: [],
-    "weight 0": lambda lr: ["algorithm.weight=0.0"],
-    "half the rate": lambda lr: [f"client.learning_rate={lr / 2}"],
+BRANCHES = {  # method -> branch name -> overrides of the recorded config, given the client learning rate
+    "fedimpro": {"as run": lambda lr: [], "weight 0": lambda lr: ["algorithm.weight=0.0"],
+                 "half the rate": lambda lr: [f"client.learning_rate={lr / 2}"]},
+    "scaffold": {"as run": lambda lr: [], "FedAvg from there": lambda lr: ["algorithm={name: fedavg}"],
+                 "control deltas over N": lambda lr: ["algorithm.control_average=all"],
+                 "half the rate": lambda lr: [f"client.learning_rate={lr / 2}"]},
 }
+DEFAULT_SETTING = {"fedimpro": "a0.05_E1_M10", "scaffold": "a0.1_E1_M10"}
 
 
 def blown_up(norms: list[float], factor: float = FACTOR) -> bool:
@@ -96,36 +102,58 @@ def trace(record, before: int, after: int) -> dict:
     blowup = len(rows)
     start = max(0, blowup - before)
     lr = experiment.config.client.learning_rate
+    algorithm = experiment.config.algorithm
     branches = {}
-    for name, overrides in BRANCHES.items():
-        branch, host = build(record.config, overrides(lr)), states[start - blowup - 1]
+    for name, overrides in BRANCHES[algorithm.name].items():
+        branch = build(record.config, overrides(lr))
+        host = carried(states[start - blowup - 1], branch, algorithm.name)
         branches[name] = []
         for _ in range(after):
             host, row = step(branch, host, evaluate=True)
             branches[name].append(row)
-    algorithm = experiment.config.algorithm
-    ramp = (blowup - 1) / algorithm.ramp_rounds if algorithm.weight_schedule == "ramp" else 1.0
-    return {"rows": rows, "blowup_round": blowup, "weight_then": algorithm.weight * ramp,
+    return {"rows": rows, "blowup_round": blowup, "weight_then": weight_then(algorithm, blowup),
             "branch_round": start, "branches": branches,
             "matches": matches, "compared": sum(1 for r in recorded if 0 < r <= blowup)}
+
+
+def carried(host, experiment, method: str):
+    """``host`` as ``experiment``'s start: itself where it runs ``method``; else the global model, the server
+    optimiser's state and the round moved into ``experiment``'s own fresh state (its clients' and
+    components' states fresh: the other method from there)."""
+    if experiment.config.algorithm.name == method:
+        return host
+    import jax
+
+    fresh = jax.device_get(experiment.initial_state())
+    server = host.server_state
+    server = fresh.server_state._replace(params=server.params, opt_state=server.opt_state)
+    return fresh._replace(server_state=server, round=host.round)
+
+
+def weight_then(algorithm, blowup: int) -> float | None:
+    """FedImpro's feature weight in the blow-up round (``None`` for another method)."""
+    if algorithm.name != "fedimpro":
+        return None
+    ramp = (blowup - 1) / algorithm.ramp_rounds if algorithm.weight_schedule == "ramp" else 1.0
+    return algorithm.weight * ramp
 
 
 def same_float(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def record_of(dataset: str, setting: str, seed: int):
+def record_of(dataset: str, setting: str, method: str, seed: int):
     sys.path.insert(0, str(REPO / "benchmarks"))
     import records as record_files
 
-    name = f"{dataset}/{setting}/fedimpro/seed{seed}"
+    name = f"{dataset}/{setting}/{method}/seed{seed}"
     found = record_files.read(REPO / "benchmarks" / "results" / "records" / "fedimpro.jsonl.gz").get(name)
     if found is None:
         raise SystemExit(f"no committed record of {name}")
     return name, found
 
 
-def run(dataset: str, setting: str, seeds, before: int, after: int) -> None:
+def run(dataset: str, setting: str, method: str, seeds, before: int, after: int) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import records as record_files
 
@@ -133,7 +161,7 @@ def run(dataset: str, setting: str, seeds, before: int, after: int) -> None:
 
     kept = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
     for seed in seeds:
-        name, record = record_of(dataset, setting, seed)
+        name, record = record_of(dataset, setting, method, seed)
         result = trace(record, before=before, after=after)
         kept[name] = {"commit": record_files.code_commit(), "machine": machine(), "record_cpu":
                       [record.summary.get("cpu"), record.summary.get("cpu_threads")], **result}
@@ -151,35 +179,55 @@ def branch_cell(rows: list[dict]) -> str:
     return f"finite; largest update {max(norms):.2f}, accuracy {100 * rows[-1]['test_accuracy']:.1f}"
 
 
+TITLES = {"fedimpro": "FedImpro under Dirichlet(0.05)", "scaffold": "SCAFFOLD at its Table 5 rate"}
+
+
+def table_lines(method: str, kept: dict) -> list[str]:
+    """A method's table: one row a diverged run, a column a branch."""
+    names = list(BRANCHES[method])
+    weight = " (the features' weight)" if method == "fedimpro" else ""
+    header = f"| run | blew up in round{weight} | rerun as recorded | branched after round | "
+    lines = [f"## {TITLES[method]}", "", header + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for name, k in sorted(kept.items()):
+        rerun = f"{k['matches']} of {k['compared']} evaluations"
+        if k["matches"] < k["compared"]:
+            cpus = k["record_cpu"][0] or "not recorded", k["machine"]["cpu"]
+            rerun += " (the record's CPU: {}; this rerun's: {})".format(*cpus)
+        blowup = str(k["blowup_round"]) + (f" ({k['weight_then']:.2f})" if weight else "")
+        cells = [branch_cell(k["branches"][b]) for b in names]
+        lines.append(f"| {name} | {blowup} | {rerun} | {k['branch_round']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(out: Path) -> None:
-    """The page and its figure from the kept records."""
+    """The page and its figure from the kept records: a table and a row of panels per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kept = json.loads(RECORDS.read_text())
-    title = ("# FedImpro's divergence under Dirichlet(0.05) (generated by "
+    by_method = {m: {n: k for n, k in kept.items() if n.split("/")[2] == m} for m in BRANCHES}
+    by_method = {m: runs for m, runs in by_method.items() if runs}
+    title = ("# Divergence in FedImpro's tables (generated by "
              "`python benchmarks/fedimpro_divergence.py --report`)")
-    header = "| run | blew up in round (the features' weight) | rerun as recorded | branched after round | "
-    lines = [title, "", __doc__.split("\n\n")[0].replace("\n", " "), "",
-             header + " | ".join(BRANCHES) + " |", "|---|---|---|---|" + "---|" * len(BRANCHES)]
-    fig, axes = plt.subplots(1, len(kept), figsize=(4 * len(kept), 3.2), squeeze=False)
-    for ax, (name, k) in zip(axes[0], sorted(kept.items())):
-        cells = [branch_cell(k["branches"][b]) for b in BRANCHES]
-        rerun = f"{k['matches']} of {k['compared']} evaluations"
-        if k["matches"] < k["compared"]:
-            cpus = k["record_cpu"][0] or "not recorded", k["machine"]["cpu"]
-            rerun += " (the record's CPU: {}; this rerun's: {})".format(*cpus)
-        lines.append(f"| {name} | {k['blowup_round']} ({k['weight_then']:.2f}) | {rerun} | "
-                     f"{k['branch_round']} | " + " | ".join(cells) + " |")
-        norms = [r["update_norm"] for r in k["rows"]]
-        ax.semilogy(range(1, len(norms) + 1), norms, color="0.6", label="the rerun")
-        for b in BRANCHES:
-            ys = [r["update_norm"] for r in k["branches"][b]]
-            ax.semilogy(range(k["branch_round"] + 1, k["branch_round"] + 1 + len(ys)), ys, label=b)
-        ax.set(title=name.replace("/fedimpro/", ", "), xlabel="round", ylabel="update norm")
-    axes[0][0].legend(fontsize=8)
+    lines = [title, "", __doc__.split("\n\n")[0].replace("\n", " ")]
+    width = max(map(len, by_method.values()))
+    fig, axes = plt.subplots(len(by_method), width, figsize=(4 * width, 3.2 * len(by_method)), squeeze=False)
+    for row, (method, runs) in zip(axes, by_method.items()):
+        lines += ["", *table_lines(method, runs)]
+        for ax, (name, k) in zip(row, sorted(runs.items())):
+            norms = [r["update_norm"] for r in k["rows"]]
+            ax.semilogy(range(1, len(norms) + 1), norms, color="0.6", label="the rerun")
+            for b in BRANCHES[method]:
+                ys = [r["update_norm"] for r in k["branches"][b]]
+                ax.semilogy(range(k["branch_round"] + 1, k["branch_round"] + 1 + len(ys)), ys, label=b)
+            ax.set_title(name.replace(f"/{method}/", f", {method}, ").replace("/", ", "), fontsize=9)
+            ax.set(xlabel="round", ylabel="update norm")
+        row[0].legend(fontsize=8)
+        for ax in row[len(runs):]:
+            ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=80)
     lines += ["", f"![the update norm per round]({out.with_suffix('.png').name})", "",
@@ -191,7 +239,8 @@ def report(out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="fashion_mnist", choices=["fashion_mnist", "cifar10"])
-    parser.add_argument("--setting", default="a0.05_E1_M10")
+    parser.add_argument("--method", default="fedimpro", choices=list(BRANCHES))
+    parser.add_argument("--setting", help="default: a0.05_E1_M10 for FedImpro, a0.1_E1_M10 for SCAFFOLD")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--before", type=int, default=9, help="branch this many rounds before the blow-up")
     parser.add_argument("--after", type=int, default=12, help="rounds each branch runs")
@@ -200,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the folder of the page")
     args = parser.parse_args(argv)
     if not args.report:
-        run(args.dataset, args.setting, args.seeds, before=args.before, after=args.after)
+        run(args.dataset, args.setting or DEFAULT_SETTING[args.method], args.method, args.seeds,
+            before=args.before, after=args.after)
     report(args.out / PAGE)
 
 
