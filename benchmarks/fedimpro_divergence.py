@@ -159,10 +159,11 @@ def run(dataset: str, setting: str, method: str, seeds, before: int, after: int)
 
     from fedjax_lab.experiments.runner import machine
 
-    kept = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
     for seed in seeds:
         name, record = record_of(dataset, setting, method, seed)
         result = trace(record, before=before, after=after)
+        # read just before writing: another copy of this script may have kept a record meanwhile
+        kept = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
         kept[name] = {"commit": record_files.code_commit(), "machine": machine(), "record_cpu":
                       [record.summary.get("cpu"), record.summary.get("cpu_threads")], **result}
         RECORDS.write_text(json.dumps(kept, indent=1) + "\n")
