@@ -257,6 +257,31 @@ def test_fedimpros_summary_claims_come_from_resnet18_else_resnet8_near_the_paper
     assert judge(large.claims[0])[:2] == ("-1.0 [-1.0, -1.0]", [0, 1])
 
 
+def test_table_3s_default_split_is_table_1s_fedimpro_run_paired_by_seed_with_each_other_split(tmp_path):
+    """The split after conv2 is FedImpro's default, so Table 3 reads its cell from Table 1's main-setting run
+    (not run twice): each other split is judged against it over the seeds both ran, into the claims page and
+    the tables page."""
+    import fedimpro_table
+
+    assert [name for name, _, _ in fedimpro_table.split_jobs("cifar10", [1, 2])] == [
+        f"cifar10/splits/{split}/seed{seed}" for seed in (1, 2) for split in ("conv1", "fc1", "fc2")]
+    runs = tmp_path / "runs"
+    for seed, (default, fc2) in enumerate([(0.40, 0.44), (0.35, 0.41), (0.30, 0.35)]):
+        fake_run(runs / f"cifar10/{fedimpro_table.MAIN}/fedimpro/seed{seed}", default)
+        fake_run(runs / f"cifar10/splits/fc2/seed{seed}", fc2)
+    fake_run(runs / "cifar10/splits/conv1/seed0", 0.30)
+    fedimpro_table.claims(runs, ["cifar10"], [0, 1, 2], tmp_path / "claims.md")
+    rows = {line.split(" | ")[0]: line for line in (tmp_path / "claims.md").read_text().splitlines()}
+    # differences -4, -6, -5: mean -5, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.303 / 1.732 = 2.48
+    assert rows["| the split after conv2 (default) beats the split after fc2 (features)"].endswith(
+        "| -5.0 [-7.5, -2.5] | 0, 1, 2 | not held |")
+    assert "| +10.0 (one seed) | 0 | unresolved (1 seed) |" in rows[
+        "| the split after conv2 (default) beats the split after conv1"]
+    fedimpro_table.report(runs, ["cifar10"], [0, 1, 2], tmp_path / "tables.md")
+    assert "| best accuracy (%) | 30.0 (1 seed) | 35.0±5.0 | - | 40.0±4.6 |" in (
+        tmp_path / "tables.md").read_text()
+
+
 def test_the_summarys_scale_names_the_share_only_when_the_claims_mix_scales():
     from table_runs import ours_at_either_scale
 
