@@ -234,8 +234,8 @@ def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) ->
 
 
 def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> bool:
-    """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case (seed
-    means). Returns whether any of ``methods`` had runs to draw; with none, nothing is written."""
+    """Fig. 2-style curves: training objective and test accuracy against rounds, one column per case with
+    runs (seed means). Returns whether any of ``methods`` had runs to draw; with none, nothing is written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,7 +243,8 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> bool:
 
     found = {(case, method): curves(runs, run_name(part, case, method), seeds)
              for case in cases for method in methods}
-    if not any(found.values()):
+    cases = [case for case in cases if any(found[case, method] for method in methods)]
+    if not cases:
         return False
     fig, axes = plt.subplots(2, len(cases), figsize=(4.6 * len(cases), 6.4), squeeze=False)
     for j, case in enumerate(cases):
