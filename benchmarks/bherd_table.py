@@ -256,14 +256,17 @@ def plot_cases(runs: Path, part: str, cases, seeds, methods, out: Path) -> bool:
             rounds = next(iter(got.values()))[0][:length]
             for i, key in enumerate(("full_train_loss", "test_accuracy")):
                 axes[i, j].plot(rounds, np.mean([m[key][:length] for _, m in got.values()], 0),
-                                label=label(method), lw=1.2)
+                                label=label(method), lw=1.2, color=f"C{list(methods).index(method)}")
         axes[0, j].set_title(f"case {case}: training objective")
         axes[0, j].set_yscale("log")
         axes[1, j].set_title(f"case {case}: test accuracy")
         for ax in axes[:, j]:
             ax.set_xlabel("round")
             ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7)
+    drawn = {}  # one legend for every method drawn in any case, each in its colour in every case
+    for ax in axes[0]:
+        drawn.update(zip(*reversed(ax.get_legend_handles_labels())))
+    axes[0, 0].legend(drawn.values(), drawn.keys(), fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

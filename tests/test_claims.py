@@ -148,6 +148,26 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
 
 
+def test_bherds_case_figure_draws_only_the_cases_with_runs_and_one_legend_for_all(tmp_path):
+    """A part that ran some of its cases (the full-MNIST CNN: case 3) gets a column per case that ran, no
+    empty ones, and a legend built without matplotlib's warning for the first column's missing lines."""
+    import warnings
+
+    import bherd_table
+    import matplotlib.image
+
+    rows = [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 2.0},
+            {"round": 10, "test_accuracy": 0.6, "full_train_loss": 0.5}]
+    fake_curve(tmp_path / "cnn_full/case3/fedavg/seed0", rows)
+    fake_curve(tmp_path / "cnn_full/case2/bherd/seed0", rows)
+    out = tmp_path / "cases.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bherd_table.plot_cases(tmp_path, "cnn_full", (1, 2, 3), [0], ["fedavg", "bherd"], out)
+    assert matplotlib.image.imread(out).shape[1] == round(2 * 4.6 * 100)  # two columns at dpi 100
+    assert not bherd_table.plot_cases(tmp_path, "cnn_full", (1, 2), [0], ["fedavg"], out)
+
+
 def test_bherds_decisive_cnn_moves_to_all_of_mnist_only_in_a_case_whose_seeds_have_all_finished(tmp_path):
     import bherd_table
 
@@ -266,19 +286,22 @@ def test_table_3s_default_split_is_table_1s_fedimpro_run_paired_by_seed_with_eac
     assert [name for name, _, _ in fedimpro_table.split_jobs("cifar10", [1, 2])] == [
         f"cifar10/splits/{split}/seed{seed}" for seed in (1, 2) for split in ("conv1", "fc1", "fc2")]
     runs = tmp_path / "runs"
-    for seed, (default, fc2) in enumerate([(0.40, 0.44), (0.35, 0.41), (0.30, 0.35)]):
-        fake_run(runs / f"cifar10/{fedimpro_table.MAIN}/fedimpro/seed{seed}", default)
-        fake_run(runs / f"cifar10/splits/fc2/seed{seed}", fc2)
-    fake_run(runs / "cifar10/splits/conv1/seed0", 0.30)
+    default, fc2 = {0: 0.40, 1: 0.30, 2: 0.35}, {0: 0.44, 1: 0.41, 2: 0.40}  # ordered differently
+    for seed in range(3):
+        fake_run(runs / f"cifar10/{fedimpro_table.MAIN}/fedimpro/seed{seed}", default[seed])
+        fake_run(runs / f"cifar10/splits/fc2/seed{seed}", fc2[seed])
+    fake_run(runs / "cifar10/splits/conv1/seed2", 0.30)
     fedimpro_table.claims(runs, ["cifar10"], [0, 1, 2], tmp_path / "claims.md")
     rows = {line.split(" | ")[0]: line for line in (tmp_path / "claims.md").read_text().splitlines()}
-    # differences -4, -6, -5: mean -5, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.303 / 1.732 = 2.48
+    # paired by seed: -4, -11, -5; mean -6.67, sd 3.79, half-width t(0.975, 2) 4.303 x 3.79 / sqrt(3) = 9.41
     assert rows["| the split after conv2 (default) beats the split after fc2 (features)"].endswith(
-        "| -5.0 [-7.5, -2.5] | 0, 1, 2 | not held |")
-    assert "| +10.0 (one seed) | 0 | unresolved (1 seed) |" in rows[
+        "| -6.7 [-16.1, +2.7] | 0, 1, 2 | not held |")
+    assert "| +5.0 (one seed) | 2 | unresolved (1 seed) |" in rows[  # seed 2: 35 - 30
         "| the split after conv2 (default) beats the split after conv1"]
+    assert ("Unresolved (0 seeds), no paired records: the split after conv2 (default) beats the split after "
+            "fc1.") in rows
     fedimpro_table.report(runs, ["cifar10"], [0, 1, 2], tmp_path / "tables.md")
-    assert "| best accuracy (%) | 30.0 (1 seed) | 35.0±5.0 | - | 40.0±4.6 |" in (
+    assert "| best accuracy (%) | 30.0 (1 seed) | 35.0±5.0 | - | 41.7±2.1 |" in (
         tmp_path / "tables.md").read_text()
 
 
