@@ -99,7 +99,7 @@ def trace(record, before: int, after: int) -> dict:
         states, rows = states[-before - 1:] + [state], rows + [row]
         if "test_accuracy" in row:
             matches += same_float(row["test_accuracy"], recorded[len(rows)])
-    blowup = len(rows)
+    blowup = len(rows)  # the last round run: the blow-up's, or the run's last if it never blew up
     start = max(0, blowup - before)
     lr = experiment.config.client.learning_rate
     algorithm = experiment.config.algorithm
@@ -111,7 +111,8 @@ def trace(record, before: int, after: int) -> dict:
         for _ in range(after):
             host, row = step(branch, host, evaluate=True)
             branches[name].append(row)
-    return {"rows": rows, "blowup_round": blowup, "weight_then": weight_then(algorithm, blowup),
+    return {"rows": rows, "blowup_round": blowup, "blew_up": blown_up([r["update_norm"] for r in rows]),
+            "weight_then": weight_then(algorithm, blowup),
             "branch_round": start, "branches": branches,
             "matches": matches, "compared": sum(1 for r in recorded if 0 < r <= blowup)}
 
@@ -157,18 +158,26 @@ def run(dataset: str, setting: str, method: str, seeds, before: int, after: int)
     sys.path.insert(0, str(REPO / "benchmarks"))
     import records as record_files
 
+    from fedjax_lab.experiments.run_directory import write_atomically
     from fedjax_lab.experiments.runner import machine
 
     for seed in seeds:
         name, record = record_of(dataset, setting, method, seed)
         result = trace(record, before=before, after=after)
-        # read just before writing: another copy of this script may have kept a record meanwhile
-        kept = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
-        kept[name] = {"commit": record_files.code_commit(), "machine": machine(), "record_cpu":
-                      [record.summary.get("cpu"), record.summary.get("cpu_threads")], **result}
-        RECORDS.write_text(json.dumps(kept, indent=1) + "\n")
-        print(f"{name}: blew up at round {result['blowup_round']}, branched at {result['branch_round']}, "
+        with record_files.locked(RECORDS):  # another copy of this script may keep its records meanwhile
+            kept = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
+            kept[name] = {"commit": record_files.code_commit(), "machine": machine(), "record_cpu":
+                          [record.summary.get("cpu"), record.summary.get("cpu_threads")], **result}
+            write_atomically(RECORDS, json.dumps(kept, indent=1) + "\n")
+        print(f"{name}: {blowup_words(result)}, branched at {result['branch_round']}, "
               f"{result['matches']}/{result['compared']} evaluations as recorded", flush=True)
+
+
+def blowup_words(kept: dict) -> str:
+    """When the rerun blew up, or that it ran its rounds without (records before ``blew_up`` all blew up)."""
+    if kept.get("blew_up", True):
+        return f"blew up at round {kept['blowup_round']}"
+    return f"did not blow up in its {kept['blowup_round']} rounds"
 
 
 def branch_cell(rows: list[dict]) -> str:
@@ -195,7 +204,8 @@ def table_lines(method: str, kept: dict) -> list[str]:
         if k["matches"] < k["compared"]:
             cpus = k["record_cpu"][0] or "not recorded", k["machine"]["cpu"]
             rerun += " (the record's CPU: {}; this rerun's: {})".format(*cpus)
-        blowup = str(k["blowup_round"]) + (f" ({k['weight_then']:.2f})" if weight else "")
+        blowup = str(k["blowup_round"]) if k.get("blew_up", True) else blowup_words(k)
+        blowup += f" ({k['weight_then']:.2f})" if weight else ""
         cells = [branch_cell(k["branches"][b]) for b in names]
         lines.append(f"| {name} | {blowup} | {rerun} | {k['branch_round']} | " + " | ".join(cells) + " |")
     return lines

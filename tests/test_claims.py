@@ -514,6 +514,22 @@ def test_an_update_blows_up_when_it_is_not_finite_or_ten_times_the_median_before
     assert not blown_up([1.0, 50.0])  # too few rounds before it to judge
 
 
+def test_a_rerun_that_never_blows_up_is_not_reported_as_a_blow_up():
+    """A rerun that is another run of its record's config (another CPU) may run all its rounds without
+    blowing up: the page says so instead of naming its last round as the blow-up's; records written before
+    ``blew_up`` was kept all blew up."""
+    from fedimpro_divergence import table_lines
+
+    rows = [{"update_norm": 1.0, "test_accuracy": 0.5}] * 3
+    kept = {"matches": 1, "compared": 1, "blowup_round": 40, "weight_then": None, "branch_round": 31,
+            "branches": dict.fromkeys(["as run", "FedAvg from there", "control deltas over N",
+                                       "half the rate"], rows)}
+    name = "fashion_mnist/a0.1_E5_M10/scaffold/seed3"
+    never = table_lines("scaffold", {name: {**kept, "blew_up": False}})[-1]
+    assert never.startswith(f"| {name} | did not blow up in its 40 rounds | 1 of 1 evaluations | 31 |")
+    assert table_lines("scaffold", {name: kept})[-1].startswith(f"| {name} | 40 | 1 of 1 evaluations | 31 |")
+
+
 def test_the_summary_page_is_what_the_records_regenerate(tmp_path, monkeypatch):
     """docs/reproductions/README.md, as ``reproductions.py`` writes it, from the records file in the tree
     (each script's ``REPO`` moved to an empty folder, so that no run directory is read)."""
