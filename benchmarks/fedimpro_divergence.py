@@ -38,12 +38,27 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "results" / "fedimpro_divergence.json"
 PAGE = "fedimpro_divergence.md"
 FACTOR = 10.0
-BRANCHES = {  # method -> branch name -> overrides of the recorded config, given the client learning rate
-    "fedimpro": {"as run": lambda lr: [], "weight 0": lambda lr: ["algorithm.weight=0.0"],
-                 "half the rate": lambda lr: [f"client.learning_rate={lr / 2}"]},
-    "scaffold": {"as run": lambda lr: [], "FedAvg from there": lambda lr: ["algorithm={name: fedavg}"],
-                 "control deltas over N": lambda lr: ["algorithm.control_average=all"],
-                 "half the rate": lambda lr: [f"client.learning_rate={lr / 2}"]},
+
+
+def fedavg_keeping_the_server(config) -> list[str]:
+    """FedAvg in place of ``config``'s method, with the fields every base method shares (the server
+    optimiser, the weighting, the plug-ins) as recorded: only the method's own term goes."""
+    from fedjax_lab.methods.registry import AlgorithmFields
+
+    shared = config.algorithm.model_dump(mode="json", include=set(AlgorithmFields.model_fields))
+    return [f"algorithm={json.dumps({**shared, 'name': 'fedavg'})}"]
+
+
+def half_the_rate(config) -> list[str]:
+    return [f"client.learning_rate={config.client.learning_rate / 2}"]
+
+
+BRANCHES = {  # method -> branch name -> overrides of the recorded config (given it, validated)
+    "fedimpro": {"as run": lambda config: [], "weight 0": lambda config: ["algorithm.weight=0.0"],
+                 "half the rate": half_the_rate},
+    "scaffold": {"as run": lambda config: [], "FedAvg from there": fedavg_keeping_the_server,
+                 "control deltas over N": lambda config: ["algorithm.control_average=all"],
+                 "half the rate": half_the_rate},
 }
 DEFAULT_SETTING = {"fedimpro": "a0.05_E1_M10", "scaffold": "a0.1_E1_M10"}
 
@@ -57,16 +72,21 @@ def blown_up(norms: list[float], factor: float = FACTOR) -> bool:
     return len(norms) > 3 and last > factor * float(np.median(norms[:-1]))
 
 
-def build(raw: dict, overrides: list[str]):
-    """The experiment of the recorded config ``raw`` with ``overrides``, on the hand rules' layout (the
-    table's)."""
-    from fedjax_lab.experiments.build import build_experiment
+def build_config(raw: dict, overrides: list[str]):
+    """The recorded config ``raw`` with ``overrides``, on the hand rules' layout (the table's), validated."""
     from fedjax_lab.experiments.config import apply_override, validate
 
     raw = copy.deepcopy(raw)
     for override in [*overrides, "rounds.layout=rules"]:
         apply_override(raw, override)
-    return build_experiment(validate(raw))
+    return validate(raw)
+
+
+def build(raw: dict, overrides: list[str]):
+    """The experiment of the recorded config ``raw`` with ``overrides`` (:func:`build_config`)."""
+    from fedjax_lab.experiments.build import build_experiment
+
+    return build_experiment(build_config(raw, overrides))
 
 
 def step(experiment, host_state, evaluate: bool):
@@ -101,11 +121,10 @@ def trace(record, before: int, after: int) -> dict:
             matches += same_float(row["test_accuracy"], recorded[len(rows)])
     blowup = len(rows)  # the last round run: the blow-up's, or the run's last if it never blew up
     start = max(0, blowup - before)
-    lr = experiment.config.client.learning_rate
     algorithm = experiment.config.algorithm
     branches = {}
     for name, overrides in BRANCHES[algorithm.name].items():
-        branch = build(record.config, overrides(lr))
+        branch = build(record.config, overrides(experiment.config))
         host = carried(states[start - blowup - 1], branch, algorithm.name)
         branches[name] = []
         for _ in range(after):

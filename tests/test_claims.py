@@ -530,6 +530,26 @@ def test_a_rerun_that_never_blows_up_is_not_reported_as_a_blow_up():
     assert table_lines("scaffold", {name: kept})[-1].startswith(f"| {name} | 40 | 1 of 1 evaluations | 31 |")
 
 
+def test_the_fedavg_branch_drops_scaffolds_term_and_keeps_the_recorded_server():
+    """"FedAvg from there" replaces SCAFFOLD's control variates only: a recorded server optimiser, its rate
+    and the weighting stay as run (``algorithm={name: fedavg}`` alone would reset them to FedAvg's
+    defaults)."""
+    from fedimpro_divergence import BRANCHES, REPO, build_config
+
+    from fedjax_lab.experiments import load_config
+
+    scaffold = ("algorithm={name: scaffold, control_average: cohort, server_optimizer: momentum, "
+                "server_learning_rate: 0.5, weighting: uniform}")
+    recorded = load_config(REPO / "configs/fedimpro/cpu_fashion_mnist.yaml", [scaffold])
+    branch = build_config(recorded.model_dump(mode="json"),
+                          BRANCHES["scaffold"]["FedAvg from there"](recorded)).algorithm
+    assert (branch.name, branch.server_optimizer, branch.server_learning_rate, branch.weighting) == (
+        "fedavg", "momentum", 0.5, "uniform")
+    assert not hasattr(branch, "control_average")
+    half = build_config(recorded.model_dump(mode="json"), BRANCHES["scaffold"]["half the rate"](recorded))
+    assert half.client.learning_rate == recorded.client.learning_rate / 2
+
+
 def test_the_summary_page_is_what_the_records_regenerate(tmp_path, monkeypatch):
     """docs/reproductions/README.md, as ``reproductions.py`` writes it, from the records file in the tree
     (each script's ``REPO`` moved to an empty folder, so that no run directory is read)."""
