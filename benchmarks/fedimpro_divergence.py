@@ -50,6 +50,7 @@ def fedavg_keeping_the_server(config) -> list[str]:
 
 
 def half_the_rate(config) -> list[str]:
+    """``config``'s method as run, at half its client learning rate."""
     return [f"client.learning_rate={config.client.learning_rate / 2}"]
 
 
