@@ -134,9 +134,10 @@ PAPER_SPLIT_ACCURACY = {"conv1": 87.64, "conv2": 88.45, "fc1": 87.86, "fc2": 84.
 LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10"}
 
 
-def cell(values: list[float]) -> str:
-    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds."""
-    return mean_std(values, ddof=1)
+def cell(values: list[float], of: int | None = None) -> str:
+    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds; "(n seeds)" where fewer than
+    ``of``, the seeds the table is over, ran."""
+    return mean_std(values, of=of, ddof=1)
 
 
 def best_by_seed(runs: Path, name: str, seeds) -> dict[int, float]:
@@ -289,7 +290,7 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
             for method in METHODS:
                 got = [evaluations(runs / f"{dataset}/{setting}/{method}/seed{s}") for s in seeds]
                 best = [100 * max(r["test_accuracy"] for r in g) for g in got if g]
-                row.append(f"{PAPER[dataset][setting][method][0]} | {cell(best)}")
+                row.append(f"{PAPER[dataset][setting][method][0]} | {cell(best, of=len(seeds))}")
                 if method == "fedavg" and best:
                     targets[setting] = math.floor(np.mean(best))
             lines.append(f"| {label} | " + " | ".join(row) + " |")

@@ -57,7 +57,7 @@ def test_the_reports_cells_use_the_sample_standard_deviation():
     import feddle_table
     import fedimpro_table
 
-    for module in (fedcog_table, feddle_table):
+    for module in (fedcog_table, feddle_table, fedimpro_table):
         assert module.cell([40.0, 42.0], of=3) == "41.0±1.4 (2 seeds)"
     assert fedimpro_table.cell([40.0, 42.0, 44.0]) == "42.0±2.0"
 
