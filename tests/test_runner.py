@@ -46,7 +46,7 @@ def test_run_writes_config_metrics_summary_plot_and_checkpoint(tmp_path, config,
     assert [r["round"] for r in rows] == list(range(7))
     assert [r["round"] for r in rows if "test_accuracy" in r] == [0, 2, 4, 6]
     assert all(np.isfinite(r["train_loss"]) for r in rows[1:])
-    assert summary["rounds"] == 6 and 0 <= summary["best_test_accuracy"] <= 1
+    assert summary["rounds"] == 6 and 0 <= summary["best_test_accuracy"] <= 1 and summary["collapsed"] is None
     assert json.loads((tmp_path / "summary.json").read_text())["best_round"] == summary["best_round"]
     # what decides the float rounding: the CPU's thread pool follows the cores this process may use
     assert summary["cpu_threads"] == len(os.sched_getaffinity(0)) and summary["device_kind"] == "cpu"
@@ -137,6 +137,58 @@ def test_a_diverged_run_exits_non_zero_and_its_best_round_is_before_the_divergen
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     diverged_round = read_metrics(tmp_path / "run")[-1]["round"]
     assert summary["best_round"] < diverged_round
+
+
+def test_a_constant_predictor_is_the_same_class_share_at_the_last_evaluations_after_round_0():
+    from fedjax_lab.experiments.runner import constant_predictor
+
+    labels = np.array([0] * 5 + [1] * 3 + [2] * 2)  # shares 0.5, 0.3, 0.2; half an example is 0.05
+
+    def rows(*accuracies):
+        return [{"round": 2 * i, "test_accuracy": a} for i, a in enumerate(accuracies)]
+
+    found = constant_predictor(rows(0.6, 0.8, 0.3, 0.3, 0.34), labels)
+    assert "class 1's share" in found and "from round 4 to 8" in found
+    assert "from round 2 to 6" in constant_predictor(rows(0.2, 0.5, 0.5, 0.5), labels)  # round 0 not counted
+    assert constant_predictor(rows(0.5, 0.5, 0.5), labels) is None  # two evaluations after round 0
+    assert constant_predictor(rows(0.6, 0.3, 0.3, 0.36), labels) is None  # more than half an example off
+    assert constant_predictor(rows(0.6, 0.3, 0.5, 0.3), labels) is None  # not one class throughout
+    assert constant_predictor(rows(0.6, 0.2, 0.2, 0.2, 0.2), labels, evaluations=5) is None
+    assert constant_predictor(rows(0.6, 0.2, 0.2, 0.2), labels.reshape(5, 2)) is None  # sequences: no check
+
+
+def test_a_run_whose_model_gives_every_example_one_class_says_it_collapsed(tmp_path, monkeypatch, capsys):
+    """The output layer zeroed but for its bias on class 2, and a learning rate too small to move it: every
+    evaluation scores class 2's share, the summary says so, the command warns and still exits 0."""
+    import jax
+    import yaml
+
+    from fedjax_lab.experiments import runner
+
+    # test_cli_run_and_plot's second run but for the learning rate: the same compiled program
+    raw = {**RAW, "algorithm": {"name": "fedavg", "server_learning_rate": 1},
+           "client": {**RAW["client"], "learning_rate": 1e-30}}
+    experiment = build_experiment(validate(raw))
+    start = experiment.initial_state()
+
+    def one_class(path, leaf):
+        names = [str(getattr(k, "key", k)) for k in path]
+        if "output" not in names:
+            return leaf
+        return leaf * 0 if names[-1] == "kernel" else (leaf * 0).at[..., 2].set(1.0)
+
+    experiment.initial_state = lambda: jax.tree_util.tree_map_with_path(one_class, start)
+    summary = run_experiment(validate(raw), tmp_path / "run", progress=False, experiment=experiment)
+    labels = experiment.dataset.test["y"]
+    assert summary["final"]["test_accuracy"] == pytest.approx(np.mean(labels == 2))
+    assert "class 2's share" in summary["collapsed"] and "from round 2 to 6" in summary["collapsed"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["collapsed"] == summary["collapsed"]
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(runner, "run_experiment", lambda *args, **kwargs: summary)
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert f"warning: {summary['collapsed']}" in capsys.readouterr().err
 
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path, config, experiment, capsys):

@@ -110,6 +110,47 @@ def divergence(rows: list[dict[str, Any]], initial_test_loss: float) -> str | No
     return None
 
 
+COLLAPSE_EVALUATIONS = 3
+"""How many evaluations in a row at one class's share of the test labels :func:`constant_predictor` takes
+for a collapse."""
+
+
+def constant_predictor(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
+                       evaluations: int = COLLAPSE_EVALUATIONS) -> str | None:
+    """Why the global model looks like a constant predictor, or ``None``.
+
+    A model that gives every test example the same class scores exactly that class's share of the test
+    labels. When the last ``evaluations`` evaluations after round 0 all score one share (to within half an
+    example), the run has most likely collapsed: the loss stays finite, so :func:`divergence` misses it
+    (SCAFFOLD at its Table 5 rate on Fashion-MNIST, ``docs/reproductions/fedimpro.md``). The run goes on;
+    the summary and the command say so. Only for one label per example (not sequences).
+
+    Args:
+      evaluated: the metrics rows that hold ``test_accuracy``, in round order.
+      labels: the test set's labels, ``[n]`` integers.
+      evaluations: how many evaluations in a row count as a collapse.
+    """
+    labels = np.asarray(labels)
+    rows = [row for row in evaluated if row["round"] > 0]
+    if labels.ndim != 1 or len(labels) == 0 or len(rows) < evaluations:
+        return None
+    shares = np.bincount(labels) / len(labels)
+
+    def share_of(row) -> int | None:
+        close = np.flatnonzero(np.abs(shares - row["test_accuracy"]) <= 0.5 / len(labels))
+        return int(close[0]) if len(close) else None
+
+    label = share_of(rows[-1])
+    if label is None or any(share_of(row) != label for row in rows[-evaluations:]):
+        return None
+    first = len(rows) - evaluations
+    while first > 0 and share_of(rows[first - 1]) == label:
+        first -= 1
+    return (f"test accuracy {rows[-1]['test_accuracy']:.4f} is class {label}'s share of the test labels at "
+            f"every evaluation from round {rows[first]['round']} to {rows[-1]['round']}: a constant "
+            "predictor")
+
+
 def _block_rows(first_round: int, metrics: dict[str, np.ndarray],
                 epsilons: Mapping[int, float] | None = None) -> list[dict[str, Any]]:
     """A row per round of a block's metrics, with the privacy spent by that round where it is counted."""
@@ -338,6 +379,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "best_test_accuracy": best["test_accuracy"],
         "best_round": best["round"],
         "rounds_to_target": rounds_to_target(healthy, experiment.config.eval.target_accuracy),
+        "collapsed": constant_predictor(healthy, experiment.dataset.test["y"]),
         "rounds_per_second": rounds / seconds if seconds else None,
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
