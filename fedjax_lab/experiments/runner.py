@@ -136,19 +136,19 @@ def constant_predictor(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
         return None
     shares = np.bincount(labels) / len(labels)
 
-    def share_of(row) -> int | None:
-        close = np.flatnonzero(np.abs(shares - row["test_accuracy"]) <= 0.5 / len(labels))
-        return int(close[0]) if len(close) else None
+    def classes_at(row) -> tuple[int, ...]:  # the classes whose share the accuracy is
+        return tuple(np.flatnonzero(np.abs(shares - row["test_accuracy"]) <= 0.5 / len(labels)).tolist())
 
-    label = share_of(rows[-1])
-    if label is None or any(share_of(row) != label for row in rows[-evaluations:]):
+    classes = classes_at(rows[-1])
+    if not classes or any(classes_at(row) != classes for row in rows[-evaluations:]):
         return None
     first = len(rows) - evaluations
-    while first > 0 and share_of(rows[first - 1]) == label:
+    while first > 0 and classes_at(rows[first - 1]) == classes:
         first -= 1
-    return (f"test accuracy {rows[-1]['test_accuracy']:.4f} is class {label}'s share of the test labels at "
-            f"every evaluation from round {rows[first]['round']} to {rows[-1]['round']}: a constant "
-            "predictor")
+    which = (f"class {classes[0]}'s share" if len(classes) == 1
+             else f"the share of each of {len(classes)} classes")
+    return (f"test accuracy {rows[-1]['test_accuracy']:.4f} is {which} in the test labels at every "
+            f"evaluation from round {rows[first]['round']} to {rows[-1]['round']}: a constant predictor")
 
 
 def _block_rows(first_round: int, metrics: dict[str, np.ndarray],
