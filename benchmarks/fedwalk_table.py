@@ -50,6 +50,7 @@ from table_runs import (
     plot_bands,
     run_once,
     run_script,
+    seeds_on_disk,
 )
 from table_runs import record as run_record
 from table_runs import summary as run_summary
@@ -64,6 +65,9 @@ KEEP = Keep(rounds=("leash_steps_taken",))  # beside the evaluated rows: the lea
 # SCAFFOLD diverged at lr 0.05 in this setting (20% participation, Dir(0.1): its test loss exploded near round
 # 20 with and without the leash); it runs at 0.01, the top of the paper's grid (the leash follows, gamma =
 # eta).
+TABLE_SEEDS = (0, 1, 2)
+"""The seeds every cell of a table has before the table counts as complete (:func:`decisive_table`). More
+seeds, where a claim stays unresolved, join the tables and the claims where they ran."""
 BASES = {"fedavg": ["algorithm.weighting=uniform"],
          "scaffold": ["algorithm.weighting=num_examples", "client.learning_rate=0.01"],
          "fedprox": ["algorithm.weighting=num_examples", "algorithm.mu=0.01"],
@@ -225,30 +229,32 @@ def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tupl
     return lines
 
 
-def write_report(results: dict, args) -> None:
+def write_report(results: dict, args, seeds) -> None:
+    """``fedwalk_results.md`` and ``fedwalk_claims.md`` (with their figures) from ``results``, over
+    ``seeds``."""
     out = Path(args.out)
     lines = [("Test accuracy (%) of the global model on CIFAR-10 (simple-CNN, 50 rounds): final round and "
               "best round (the paper reports the best), mean ± sample std (ddof 1) over the seeds that have "
               "finished; the paper's Table 2 (ResNet-18 pre-trained on ImageNet, 300 rounds) beside it. "
               "`python benchmarks/fedwalk_table.py`."), "",
-             *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
+             *table_lines(results, seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"))]
     if any(k.startswith("table300/") for k in results):
         lines += ["", (f"The same rows at the paper's length, {PAPER_ROUNDS} rounds, with its learning-rate "
                        f"schedule (the clients' and the leash's rate drop to {DROPPED_RATE:g} at round "
                        f"{DROP_ROUND}), evaluated every 10 rounds: `python benchmarks/fedwalk_table.py "
                        "--parts table300`."), "",
-                  *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table300")]
+                  *table_lines(results, seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table300")]
     if any(k.startswith("table_pt/") for k in results):
         lines += ["", (f"Table 2 as the paper runs it, from a pre-trained backbone: both arms pre-trained "
                        f"{PRETRAINED_STEPS} steps on the leash set (20 CIFAR-100 classes, in place of "
                        f"ImageNet), then {PAPER_ROUNDS} rounds with the paper's schedule: `python "
                        "benchmarks/fedwalk_table.py --parts table_pretrained` (the model: the records' "
                        "config)."), "",
-                  *table_lines(results, args.seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table_pt")]
+                  *table_lines(results, seeds, SETTINGS, PAPER, ("Dir(0.1)", "IID"), "table_pt")]
     if any(k.startswith("table/c100") for k in results):
         lines += ["", ("CIFAR-100 (the leash is CIFAR-10's training set), same scale: "
                        "`python benchmarks/fedwalk_table.py --parts table100`."), "",
-                  *table_lines(results, args.seeds, SETTINGS100, PAPER100, ("Dir(0.01)", "IID"))]
+                  *table_lines(results, seeds, SETTINGS100, PAPER100, ("Dir(0.01)", "IID"))]
     def cell(r):
         return "–" if r is None else (f"{100 * r['summary']['final']['test_accuracy']:.1f} / "
                                       f"{100 * r['summary']['best_test_accuracy']:.1f} "
@@ -276,7 +282,7 @@ def write_report(results: dict, args) -> None:
     swept = any(k.startswith(("sweep", "steps/", "pretrain/", f"pretrain{STRONG_STEPS}/")) for k in results)
     if swept:
         lines += sweep_lines(results, cell)
-    pre = {m: [results[k]["summary"] for s in args.seeds if (k := f"pretrained/{m}/seed{s}") in results]
+    pre = {m: [results[k]["summary"] for s in seeds if (k := f"pretrained/{m}/seed{s}") in results]
            for m in ("fedavg", "fedavg+fedwalk")}
     if any(pre.values()):
         lines += ["", (f"From a model pre-trained on the LH leash ({PRETRAINED_STEPS} leash steps before "
@@ -288,7 +294,7 @@ def write_report(results: dict, args) -> None:
                          f"{mean_std([x['final']['test_accuracy'] for x in summaries])} | "
                          f"{mean_std([x['best_test_accuracy'] for x in summaries])} |")
     write_markdown(out / "fedwalk_results.md", "\n".join(lines) + "\n")
-    write_claims(results, args.seeds, out / "fedwalk_claims.md")
+    write_claims(results, seeds, out / "fedwalk_claims.md")
     if swept:
         plot_sweep(results, out / "fedwalk_tau.png")
 
@@ -371,7 +377,7 @@ def write_claims(results: dict, seeds, out: Path) -> Path:
                        best_by_seed(results, "pretrained/fedavg", seeds))
     if pretrained.method:
         lines += ["## From a pre-trained model", "", *claims_table([pretrained]), ""]
-    table = decisive_table(results, seeds)
+    table = decisive_table(results)
     if plot_decisive_curves(results, seeds, table, out.with_name("fedwalk_curves.png")):
         lines += ["## The decisive curves", "", "![X and X + FedWalk](fedwalk_curves.png)", "",
                   (f"{TABLES[table][0]}: test accuracy against rounds, each base and the base + FedWalk, "
@@ -394,33 +400,36 @@ def plot_decisive_curves(results: dict, seeds, table: str, out: Path) -> bool:
                        for setting, column in zip(settings, columns) for base in BASES], out)
 
 
-def has_table300(results: dict, seeds) -> bool:
-    """Whether the 300-round table is complete (every base, alone and + FedWalk, both columns, every seed):
-    only then does it replace the 50-round one as the decisive table and curves."""
-    return all(name in results for name, _, _ in table300_jobs(seeds, BASES))
+def has_table300(results: dict) -> bool:
+    """Whether the 300-round table is complete (every base, alone and + FedWalk, both columns, each of
+    ``TABLE_SEEDS``): only then does it replace the 50-round one as the decisive table and curves."""
+    return all(name in results for name, _, _ in table300_jobs(TABLE_SEEDS, BASES))
 
 
-def decisive_table(results: dict, seeds) -> str:
-    """The table the decisive claims and curves come from: the pre-trained one once complete (as the paper
-    runs Table 2), else the 300-round one once complete, else the 50-round one."""
-    if all(name in results for name, _, _ in table_pretrained_jobs(seeds, BASES)):
+def decisive_table(results: dict) -> str:
+    """The table the decisive claims and curves come from: the pre-trained one once complete over
+    ``TABLE_SEEDS`` (as the paper runs Table 2), else the 300-round one once complete, else the 50-round
+    one."""
+    if all(name in results for name, _, _ in table_pretrained_jobs(TABLE_SEEDS, BASES)):
         return "cifar10_pretrained"
-    return "cifar10_300" if has_table300(results, seeds) else "cifar10"
+    return "cifar10_300" if has_table300(results) else "cifar10"
 
 
-def decisive(results: dict | None = None, seeds=(0, 1, 2), resnet: dict | None = None) -> Decisive:
+def decisive(results: dict | None = None, seeds=None, resnet: dict | None = None) -> Decisive:
     """Table 2 on CIFAR-10: "X + FedWalk beats X" for the four bases, at the paper's 300 rounds once that
     table is complete (:func:`has_table300`), else at 50; from the ResNet-18 of ``RESNET_RUNS`` once its
     pre-trained table is complete (the paper's model). ``results`` and ``resnet`` as ``finished`` gives them
-    (default: from the committed records)."""
+    (default: from the committed records); ``seeds``: every seed that ran (default)."""
     if results is None:
+        seeds = seeds or report_seeds(REPO / "runs" / "fedwalk")
         jobs = [*table_jobs(seeds), *table300_jobs(seeds, BASES), *table_pretrained_jobs(seeds, BASES)]
         results = finished(REPO / "runs" / "fedwalk", jobs)
         resnet = finished(REPO / "runs" / RESNET_RUNS, table_pretrained_jobs(seeds, BASES))
+    seeds = seeds or sorted({int(name.rsplit("/seed", 1)[1]) for name in results})
     page = "fedwalk_claims.md"
-    if resnet and decisive_table(resnet, seeds) == "cifar10_pretrained":
+    if resnet and decisive_table(resnet) == "cifar10_pretrained":
         results, page = resnet, f"{RESNET_RUNS}/fedwalk_claims.md"
-    table = decisive_table(results, seeds)
+    table = decisive_table(results)
     rounds = 50 if table == "cifar10" else PAPER_ROUNDS
     leash = (f"pre-trained {PRETRAINED_STEPS} steps on the leash set (20 CIFAR-100 classes) in place of "
              "ImageNet")
@@ -502,6 +511,19 @@ def plot_sweep(results: dict, path: Path) -> bool:
     return True
 
 
+def all_jobs(seeds) -> list:
+    """Every run the report reads, at ``seeds``."""
+    return (list(table_jobs(seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(seeds))
+            + list(table_jobs(seeds, SETTINGS100)) + list(table300_jobs(seeds, BASES))
+            + list(table_pretrained_jobs(seeds, BASES)))
+
+
+def report_seeds(runs: Path, asked=()) -> list[int]:
+    """The seeds the report covers: every seed with a finished run under ``runs`` (records included) and
+    those ``asked``, ``TABLE_SEEDS`` at least."""
+    return sorted(set(seeds_on_disk(collect(runs, KEEP), list(TABLE_SEEDS))) | set(TABLE_SEEDS) | set(asked))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["table", "sweep", "pretrained"],
@@ -512,16 +534,19 @@ def main(argv=None) -> None:
                     help="the methods of the 300-round table (each alone and + FedWalk)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the finished runs")
     ap.add_argument("--reverse", action="store_true", help="take the jobs last first (for a second process)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(TABLE_SEEDS),
+                    help="the seeds to run (the report covers every seed that ran)")
     ap.add_argument("--runs", default="runs/fedwalk")
     ap.add_argument("--out", default=str(REPO / "docs" / "reproductions"))
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    everything = (list(table_jobs(args.seeds)) + list(sweep_jobs(GRADES)) + list(pretrained_jobs(args.seeds))
-                  + list(table_jobs(args.seeds, SETTINGS100)) + list(table300_jobs(args.seeds, BASES))
-                  + list(table_pretrained_jobs(args.seeds, BASES)))
+
+    def report() -> None:
+        seeds = report_seeds(Path(args.runs), args.seeds)
+        write_report(finished(Path(args.runs), all_jobs(seeds)), args, seeds)
+
     if args.report_only:
-        write_report(finished(Path(args.runs), everything), args)
+        report()
         return
     table = list(table_jobs(args.seeds)) if "table" in args.parts else []
     sweep = list(sweep_jobs(GRADES)) if "sweep" in args.parts else []
@@ -536,7 +561,7 @@ def main(argv=None) -> None:
     jobs = first + sweep + pretrained + [j for j in table if j not in first] + table100 + table300 + table_pt
     for name, config_file, overrides in reversed(jobs) if args.reverse else jobs:
         run(Path(args.runs), name, config_file, overrides + args.set)
-        write_report(finished(Path(args.runs), everything), args)
+        report()
 
 
 if __name__ == "__main__":

@@ -438,6 +438,11 @@ def test_fedwalks_decisive_claims_come_pre_trained_where_two_seeds_pair_there():
     assert found.page == "fedwalk_resnet18/fedwalk_claims.md"
     assert "a ResNet-18 pre-trained 2000 steps" in found.ours
     assert judge(found.claims[0])[:2] == ("+2.0 [+2.0, +2.0]", [0, 1, 2])
+    # seeds beyond TABLE_SEEDS (where a claim stays unresolved) join the claims: by default, every seed run
+    more = results | {k: v for k, v in runs("table_pt", [2, 3, 4], 0.04).items() if "/fedavg" in k}
+    pre = {c.text: c for c in fedwalk_table.decisive(more).claims}[
+        "fedavg + FedWalk beats fedavg, Dir(0.1), pre-trained"]
+    assert judge(pre)[1] == [0, 1, 2, 3, 4]
     # nothing pre-trained pairs two seeds: the claims stay as they were
     one_seed = runs("table300", [0, 1, 2], 0.01) | {k: v for k, v in runs("table_pt", [0], 0.04).items()}
     assert all(not c.text.endswith(("pre-trained", "from scratch"))
