@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -425,7 +426,7 @@ def decisive(results: dict | None = None, seeds=None, resnet: dict | None = None
         jobs = [*table_jobs(seeds), *table300_jobs(seeds, BASES), *table_pretrained_jobs(seeds, BASES)]
         results = finished(REPO / "runs" / "fedwalk", jobs)
         resnet = finished(REPO / "runs" / RESNET_RUNS, table_pretrained_jobs(seeds, BASES))
-    seeds = seeds or sorted({int(name.rsplit("/seed", 1)[1]) for name in results})
+    seeds = seeds or sorted({int(m.group(1)) for name in results if (m := re.search(r"/seed(\d+)$", name))})
     page = "fedwalk_claims.md"
     if resnet and decisive_table(resnet) == "cifar10_pretrained":
         results, page = resnet, f"{RESNET_RUNS}/fedwalk_claims.md"
