@@ -16,7 +16,8 @@ Parts:
 Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations
 keep one order per client (non-RR). Every run evaluates the global model on all training rows (the paper's
 loss) and on the test set. Writes ``docs/reproductions/bherd_results.md`` and its figures after every part,
-reusing finished runs; several copies of the script share the work (``--reverse``).
+reusing finished runs; several copies of the script share the work (``--reverse``). The tables and claims cover
+every seed that ran (``report_seeds``): seeds 3 and 4 of FedAvg and BHerd where a claim stays unresolved.
 
 Usage::
 
@@ -51,6 +52,7 @@ from table_runs import (
     run_once,
     run_script,
     seed_curves,
+    seeds_on_disk,
     sizes,
     write_report,
 )
@@ -115,6 +117,17 @@ def kept_arrays(name: str, found: dict[str, np.ndarray]) -> dict[str, np.ndarray
 # What the records keep beside the evaluated rows (the training objective and test accuracy are in them): the
 # selection arrays above and each client's number of rows (its steps a round).
 KEEP = Keep(arrays=kept_arrays, sizes=True)
+TABLE_SEEDS = (0, 1, 2)
+"""The seeds a case of the CNN on all of MNIST needs before it replaces the tenth of MNIST
+(:func:`decisive_cnn`). More seeds, where a claim stays unresolved, join the tables and the claims where they
+ran."""
+
+
+def report_seeds(runs, asked=()) -> list[int]:
+    """The seeds the tables and claims cover: every seed with a finished run under ``runs`` (a folder of run
+    directories, or records as ``collect`` returns them) and those ``asked``, ``TABLE_SEEDS`` at least. Each
+    claim pairs the seeds both of its arms ran; each table row says how many it averages."""
+    return sorted(set(seeds_on_disk(runs, list(TABLE_SEEDS))) | set(TABLE_SEEDS) | set(asked))
 
 
 def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
@@ -400,7 +413,7 @@ def fig2a_claims(runs, seeds, part: str, cases=None) -> tuple[list[Claim], list[
             [higher_accuracy(runs, part, case, seeds, "bherd", "fedavg") for case in cases])
 
 
-def decisive_cnn(runs, seeds) -> tuple[str, tuple[int, ...]]:
+def decisive_cnn(runs, seeds=TABLE_SEEDS) -> tuple[str, tuple[int, ...]]:
     """The CNN part and cases the decisive claims and curves use: the CNN on all of MNIST in the cases where
     FedAvg and BHerd-FedAvg have finished every seed of ``seeds``, else the tenth of MNIST's case 3 (so a
     case half-run on all of MNIST never replaces a complete smaller one)."""
@@ -410,13 +423,15 @@ def decisive_cnn(runs, seeds) -> tuple[str, tuple[int, ...]]:
     return ("cnn_full", full) if full else ("cnn10", (3,))
 
 
-def decisive(records=None, seeds=(0, 1, 2)) -> Decisive:
+def decisive(records=None, seeds=None) -> Decisive:
     """Fig. 2a's "BHerd-FedAvg converges clearly faster than FedAvg": the SVM at the paper's scale, and the
     CNN on all of MNIST in the cases whose seeds have all finished, else on a tenth of it (``decisive_cnn``).
     ``records``: as ``collect`` returns them, or a folder of run directories (default: the committed records,
-    with any finished run under ``runs/bherd`` added)."""
+    with any finished run under ``runs/bherd`` added); ``seeds``: those the claims pair (default: every seed
+    that ran, ``report_seeds``)."""
     records = collect(REPO / "runs" / "bherd", KEEP) if records is None else records
-    cnn, cnn_cases = decisive_cnn(records, seeds)
+    seeds = report_seeds(records) if seeds is None else seeds
+    cnn, cnn_cases = decisive_cnn(records)
     parts = (("svm", "SVM", None), (cnn, "CNN", cnn_cases))
     found = [dataclasses.replace(c, text=f"{model}: {c.text}")
              for part, model, cases in parts if has_runs(records / part)
@@ -472,8 +487,8 @@ def claims(runs, seeds, out: Path) -> Path:
     if plot_decisive_curves(runs, seeds, out.with_name("bherd_curves.png")):
         lines += ["## The decisive curves", "", "![BHerd-FedAvg and FedAvg](bherd_curves.png)", "",
                   ("Fig. 2a: the training objective on all training rows against rounds (log scale), mean "
-                   f"over seeds {', '.join(map(str, seeds))} with a band of one sample standard "
-                   "deviation (ddof 1)."), ""]
+                   f"over the seeds each ran (of {', '.join(map(str, seeds))}) with a band of one sample "
+                   "standard deviation (ddof 1)."), ""]
     return write_report(out, "\n".join(lines) + "\n")
 
 
@@ -481,7 +496,7 @@ def plot_decisive_curves(runs, seeds, out: Path) -> bool:
     """Fig. 2a's decisive comparison: FedAvg (RR), BHerd-FedAvg and its reshuffled variant, the training
     objective per case of the SVM and of the CNN the decisive claims use (``decisive_cnn``), with bands over
     seeds."""
-    cnn, cnn_cases = decisive_cnn(runs, seeds)
+    cnn, cnn_cases = decisive_cnn(runs)
     names = {"svm": "SVM", "cnn_full": "CNN, all of MNIST", "cnn10": "CNN, 10 % of MNIST"}
     panels = [(f"{names[part]}, case {case}",
                [(label(m), seed_curves(runs / f"{part}/case{case}/{m}", seeds))
@@ -562,7 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["svm", "alpha"],
                         choices=["svm", "svm_lr", "alpha", "cnn_full", "cnn10", "cnn", "cifar"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(TABLE_SEEDS),
+                        help="the seeds to run (the report covers every seed that ran)")
     parser.add_argument("--cases", nargs="+", type=int, choices=[1, 2, 3],
                         help="run only these partition cases of each part (default: all the part has)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -580,10 +596,12 @@ def main(argv: list[str] | None = None) -> None:
             todo = list(jobs(part, args.seeds, args.methods, args.cases))
             for name, config, overrides in (reversed(todo) if args.reverse else todo):
                 run(args.runs, name, config, overrides + args.set)
-            report(collect(args.runs, KEEP), args.seeds, args.out)
+            records = collect(args.runs, KEEP)
+            report(records, report_seeds(records, args.seeds), args.out)
     records = collect(args.runs, KEEP)
-    print(f"wrote {report(records, args.seeds, args.out)}")
-    print(f"wrote {claims(records, args.seeds, args.out / 'bherd_claims.md')}")
+    seeds = report_seeds(records, args.seeds)
+    print(f"wrote {report(records, seeds, args.out)}")
+    print(f"wrote {claims(records, seeds, args.out / 'bherd_claims.md')}")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,17 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
     assert "case 1 |" not in text  # no runs of case 1: listed below the tables as unpaired
     summary = bherd_table.decisive(tmp_path)
     assert [judge(c)[2] for c in summary.claims if c.method] == ["held"]
+    # seeds beyond TABLE_SEEDS (where a claim stays unresolved) join the claims: by default, every seed run
+    for method, loss in (("fedavg", 0.41), ("bherd", 0.37)):
+        for seed in (3, 4):
+            fake_curve(tmp_path / f"svm/case3/{method}/seed{seed}",
+                       [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 1.0},
+                        {"round": 10, "test_accuracy": 0.5, "full_train_loss": loss},
+                        {"round": 500, "test_accuracy": 0.8, "full_train_loss": 0.3}])
+    assert bherd_table.report_seeds(tmp_path) == [0, 1, 2, 3, 4]
+    for seeds, paired in ((None, [0, 1, 2, 3, 4]), ([0, 1, 2], [0, 1, 2])):
+        case3 = [c for c in bherd_table.decisive(tmp_path, seeds).claims if c.method]
+        assert [judge(c)[1] for c in case3] == [paired]
 
 
 def test_bherds_case_figure_draws_only_the_cases_with_runs_and_one_legend_for_all(tmp_path):
