@@ -16,8 +16,8 @@ Parts:
 Baselines reshuffle their batches every round (the paper: "with RR"); BHerd, GraB and the BHerd combinations
 keep one order per client (non-RR). Every run evaluates the global model on all training rows (the paper's
 loss) and on the test set. Writes ``docs/reproductions/bherd_results.md`` and its figures after every part,
-reusing finished runs; several copies of the script share the work (``--reverse``). The tables and claims cover
-every seed that ran (``report_seeds``): seeds 3 and 4 of FedAvg and BHerd where a claim stays unresolved.
+reusing finished runs; several copies of the script share the work (``--reverse``). The tables and claims
+cover every seed that ran (``report_seeds``): more seeds where a claim stays unresolved.
 
 Usage::
 
@@ -42,6 +42,7 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    SeedValues,
     arrays,
     claims_table,
     collect,
@@ -52,6 +53,7 @@ from table_runs import (
     run_once,
     run_script,
     seed_curves,
+    seed_values,
     seeds_on_disk,
     sizes,
     write_report,
@@ -358,32 +360,30 @@ def value_at(run, key: str, at: int | None) -> float | None:
     return next((r.get(key) for r in rows if r["round"] == at), None)
 
 
-def by_seed(runs, name: str, seeds, key: str, at: int | None = None, sign: float = 1.0) -> dict[int, float]:
+def by_seed(runs, name: str, seeds, key: str, at: int | None = None, sign: float = 1.0) -> SeedValues:
     """``sign`` times ``key`` at round ``at`` of each seed's finished run of ``name``; NaN where it
     diverged."""
-    out = {}
-    for seed in seeds:
-        if (value := value_at(runs / f"{name}/seed{seed}", key, at)) is not None:
-            out[seed] = sign * float(value) if math.isfinite(value) else math.nan
-    return out
+    def value(run) -> float | None:
+        got = value_at(run, key, at)
+        return None if got is None else sign * float(got) if math.isfinite(got) else math.nan
+
+    return seed_values(runs, name, seeds, value)
 
 
 # the early rounds "faster" is judged over
 EARLY = {"svm": 10, "svm_lr": 10, "cnn_full": 50, "cnn10": 50, "cnn": 20, "cifar": 20}
 
 
-def early_mean(runs, name: str, seeds, until: int) -> dict[int, float]:
+def early_mean(runs, name: str, seeds, until: int) -> SeedValues:
     """Minus the mean training objective over the evaluated rounds 1 to ``until`` of each seed's run of
     ``name`` (the area under the early curve: lower is faster; negated so that "more" is the paper's
     direction)."""
-    out = {}
-    for seed in seeds:
-        rows = evaluations(runs / f"{name}/seed{seed}")
-        values = [r["full_train_loss"] for r in rows or ()
+    def value(run) -> float | None:
+        values = [r["full_train_loss"] for r in evaluations(run) or ()
                   if 0 < r["round"] <= until and "full_train_loss" in r]
-        if values:
-            out[seed] = -float(np.mean(values)) if np.all(np.isfinite(values)) else math.nan
-    return out
+        return (-float(np.mean(values)) if np.all(np.isfinite(values)) else math.nan) if values else None
+
+    return seed_values(runs, name, seeds, value)
 
 
 def faster(runs, part: str, case: int, seeds, method: str, base: str, until: int) -> Claim:

@@ -4,13 +4,15 @@ compact files the reports read, ``benchmarks/results/records/<family>.jsonl.gz``
 what each family's report reads (its script's ``KEEP``), and checks that every converted record reads back as
 its folder did.
 
-Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's.
+Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's, and gives
+records made before the runner checked for a collapse their summary's ``collapsed`` (``--collapsed``).
 
 Usage::
 
     python benchmarks/compact_records.py                      # every family under benchmarks/results/runs
     python benchmarks/compact_records.py --folders runs/feddle --delete   # any folder of runs; then delete it
     python benchmarks/compact_records.py --merge OUT/benchmarks/results/records/*.jsonl.gz
+    python benchmarks/compact_records.py --collapsed                  # every file under records/
 
 A family's file already there is merged with (a converted run of the same name is replaced). ``--delete``
 removes each folder once its records are written and checked. ``--merge`` adds each file's runs that the
@@ -95,6 +97,48 @@ def compact(folder: Path, out: Path, spec: Keep) -> int:
     return len(found)
 
 
+def evaluated_labels(config: dict, cache: dict) -> np.ndarray | None:
+    """The test labels a run of ``config`` (a record's) was evaluated on, as ``build_dataset`` makes them;
+    None where they cannot be made here (data not on this machine, a config this code no longer reads). They
+    do not depend on the partition, so the runs of one dataset section share them (``cache``), but on the
+    seed for a generated dataset and when the server's data comes out of the test set."""
+    from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.datasets import build_dataset
+
+    dataset = dict(config.get("dataset", {}))
+    dataset.pop("partition", None)
+    seeded = dataset.get("server_data") or dataset.get("name") in ("synthetic", "gaussian_mixture")
+    key = json.dumps([dataset, config.get("seed") if seeded else None], sort_keys=True)
+    if key not in cache:
+        try:
+            cache[key] = build_dataset(validate(config)).test["y"]
+        except (OSError, ValueError, KeyError) as exc:  # a ConfigError is a ValueError
+            print(f"  no test labels for {dataset.get('name')}: {str(exc).splitlines()[0]}")
+            cache[key] = None
+    return cache[key]
+
+
+def mark_collapsed(path: Path, cache: dict) -> tuple[int, int]:
+    """Gives each record of ``path`` whose summary lacks ``collapsed`` the runner's verdict on its evaluations
+    (``runner.constant_predictor`` on the rows before any divergence, as the runner calls it); returns (how
+    many were checked, how many collapsed)."""
+    from fedjax_lab.experiments.runner import constant_predictor
+
+    checked = collapsed = 0
+    with record_files.locked(path):
+        base, records = record_files.read_with_base(path, cached=False)
+        for r in records.values():
+            if "collapsed" in r.summary or (labels := evaluated_labels(r.config, cache)) is None:
+                continue
+            evaluated = r.evaluations()
+            healthy = [row for row in evaluated if "diverged" not in row] or evaluated[:1]
+            r.summary["collapsed"] = constant_predictor(healthy, labels)
+            checked, collapsed = checked + 1, collapsed + bool(r.summary["collapsed"])
+        if checked:
+            record_files.write(path, records, base)
+    return checked, collapsed
+
+
 def merge(other: Path, out: Path) -> int:
     """Adds the records of ``other`` that ``out`` lacks to ``out``; returns their number."""
     theirs = record_files.read(other)
@@ -115,7 +159,16 @@ def main() -> None:
     parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
                         help="record files to merge into the repository's of the same name (and "
                              "nothing else)")
+    parser.add_argument("--collapsed", nargs="*", type=Path, metavar="FILE",
+                        help="give the records of these files (default: every file under "
+                             "benchmarks/results/records) that lack it their summary's collapsed")
     args = parser.parse_args()
+    if args.collapsed is not None:
+        cache = {}
+        for path in args.collapsed or sorted(RECORDS.glob(f"*{SUFFIX}")):
+            checked, collapsed = mark_collapsed(path, cache)
+            print(f"{path}: {checked} records checked, {collapsed} a constant predictor")
+        return
     if args.merge:
         for other in args.merge:
             out = RECORDS / other.name

@@ -46,6 +46,7 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    SeedValues,
     at_either_scale,
     claims_table,
     collect,
@@ -57,6 +58,7 @@ from table_runs import (
     run_once,
     run_script,
     seed_curves,
+    seed_values,
     seeds_on_disk,
     summary,
     write_report,
@@ -235,15 +237,14 @@ def accuracies(runs: Path, name: str, seeds) -> list[float]:
     return [a for a in (final_accuracy(runs / f"{name}/seed{s}") for s in seeds) if a is not None]
 
 
-def by_seed(runs: Path, name: str, seeds) -> dict[int, float]:
+def by_seed(runs: Path, name: str, seeds) -> SeedValues:
     """The final accuracy (%) of each seed's finished run of ``name``; NaN for a run that diverged (its final
     model is at chance: the claims pair nothing with it)."""
-    values = {}
-    for s in seeds:
-        run = runs / f"{name}/seed{s}"
-        if (a := final_accuracy(run)) is not None:
-            values[s] = float("nan") if (summary(run) or {}).get("diverged") else a
-    return values
+    def value(run) -> float | None:
+        a = final_accuracy(run)
+        return float("nan") if a is not None and (summary(run) or {}).get("diverged") else a
+
+    return seed_values(runs, name, seeds, value)
 
 
 def gain(runs: Path, name: str, seed: int, plugged: str | None = None) -> str:

@@ -55,6 +55,7 @@ from table_runs import (
     Claim,
     Decisive,
     Records,
+    SeedValues,
     at_either_scale,
     backends,
     claims_table,
@@ -71,6 +72,7 @@ from table_runs import (
     run_once,
     run_script,
     seed_curves,
+    seed_values,
     seeds_on_disk,
     write_report,
 )
@@ -575,16 +577,13 @@ def study_report(runs: Path, dataset: str, out: Path, plt, scale: Scale = SCALES
     return lines
 
 
-def scores(runs: Path, dataset: str, alpha: float, sigma: int, method: str, seeds) -> dict[int, float]:
+def scores(runs: Path, dataset: str, alpha: float, sigma: int, method: str, seeds) -> SeedValues:
     """The table's number (best of the last five evaluations, %) of each seed's finished run of ``method`` in
     the column (alpha, sigma); Center's from whichever column it ran under."""
-    found = {}
-    for seed in seeds:
-        got = (center_metric(runs, dataset, seed) if method == "center" else
-               paper_metric(runs / f"{cell_name(dataset, alpha, sigma)}/{method}/seed{seed}"))
-        if got is not None:
-            found[seed] = got[0]
-    return found
+    if method == "center":
+        return SeedValues({seed: got[0] for seed in seeds if (got := center_metric(runs, dataset, seed))})
+    return seed_values(runs, f"{cell_name(dataset, alpha, sigma)}/{method}", seeds,
+                       lambda run: None if (got := paper_metric(run)) is None else got[0])
 
 
 ASYNCHRONOUS = ("fedavg", "fedasync", "fedbuff", "ca2fl")  # the baselines that see only the clients' updates

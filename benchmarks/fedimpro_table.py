@@ -50,6 +50,7 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    SeedValues,
     at_either_scale,
     claims_table,
     collect,
@@ -61,6 +62,7 @@ from table_runs import (
     run_once,
     run_script,
     seed_curves,
+    seed_values,
     seeds_on_disk,
     write_report,
 )
@@ -140,10 +142,12 @@ def cell(values: list[float], of: int | None = None) -> str:
     return mean_std(values, of=of, ddof=1)
 
 
-def best_by_seed(runs: Path, name: str, seeds) -> dict[int, float]:
+def best_by_seed(runs: Path, name: str, seeds) -> SeedValues:
     """The best test accuracy (%) over the evaluations of each seed's finished run of ``name``."""
-    return {s: 100 * max(r["test_accuracy"] for r in g) for s in seeds
-            if (g := evaluations(runs / f"{name}/seed{s}"))}
+    def best(run) -> float | None:
+        return 100 * max(r["test_accuracy"] for r in rows) if (rows := evaluations(run)) else None
+
+    return seed_values(runs, name, seeds, best)
 
 
 def jobs(datasets, settings, seeds, methods):

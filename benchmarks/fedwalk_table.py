@@ -45,8 +45,10 @@ from table_runs import (
     CLAIMS_RULE,
     Claim,
     Decisive,
+    SeedValues,
     claims_table,
     collect,
+    failure,
     metrics,
     plot_bands,
     run_once,
@@ -329,10 +331,11 @@ def sweep_lines(results: dict, cell) -> list[str]:
     return lines
 
 
-def best_by_seed(results: dict, name: str, seeds) -> dict[int, float]:
+def best_by_seed(results: dict, name: str, seeds) -> SeedValues:
     """The best test accuracy (%, the number the paper reports) of each seed's finished run of ``name``."""
-    return {s: 100 * results[k]["summary"]["best_test_accuracy"] for s in seeds
-            if (k := f"{name}/seed{s}") in results}
+    found = {s: results[k]["summary"] for s in seeds if (k := f"{name}/seed{s}") in results}
+    return SeedValues({s: 100 * got["best_test_accuracy"] for s, got in found.items()},
+                      {s: why for s, got in found.items() if (why := failure(got))})
 
 
 TABLES = {  # our table: (its title, the runs' prefix, settings, the paper's numbers, column labels)

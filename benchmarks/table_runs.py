@@ -444,6 +444,40 @@ def summary(run: Run) -> dict[str, Any] | None:
     return None if (r := record(run)) is None else r.summary
 
 
+def failure(found: dict[str, Any] | None) -> str | None:
+    """How a finished run failed, by its summary ``found``: "diverged" (the runner stopped it at a NaN or an
+    exploding loss) or "a constant predictor" (``collapsed``: ``runner.constant_predictor``; records made
+    before the runner checked have it from ``compact_records.py --collapsed``); None for a run that trained or
+    has not finished."""
+    found = found or {}
+    return "diverged" if found.get("diverged") else "a constant predictor" if found.get("collapsed") else None
+
+
+FAILURES = ("diverged", "a constant predictor")
+
+
+class SeedValues(dict):
+    """One arm of a claim: its value per seed (a ``dict[int, float]``), and ``failed``, how the runs of those
+    seeds that failed failed (seed -> ``failure``), for the note under a claims table (``claims_table``)."""
+
+    def __init__(self, values=(), failed: dict[int, str] | None = None):
+        super().__init__(values)
+        self.failed = dict(failed or {})
+
+
+def seed_values(runs: Run, name: str, seeds, value: Callable[[Run], float | None]) -> SeedValues:
+    """``value`` of each seed's finished run of ``name`` (``runs / name / "seed<k>"``; a None is left out),
+    with the seeds whose run failed (``failure``)."""
+    found, failed = {}, {}
+    for seed in seeds:
+        run = runs / f"{name}/seed{seed}"
+        if (got := value(run)) is not None:
+            found[seed] = got
+            if why := failure(summary(run)):
+                failed[seed] = why
+    return SeedValues(found, failed)
+
+
 def evaluations(run: Run) -> list[dict[str, Any]] | None:
     """The metrics rows of a finished run that hold a test evaluation, in round order; None if it has not
     finished."""
@@ -631,11 +665,27 @@ def paper_gain_cell(claim: Claim) -> str:
     return gain + (f" {claim.paper_note}" if claim.paper_note else "")
 
 
+def failed_arms(claim: Claim, seeds: list[int]) -> str:
+    """Which of ``claim``'s arms failed in which of ``seeds`` (its arms' ``SeedValues.failed``), e.g. "the
+    base diverged in seeds 0, 1 and was a constant predictor in seed 3"; "" if none did."""
+    parts = []
+    for arm, values in (("the method", claim.method), ("the base", claim.base)):
+        failed = getattr(values, "failed", {})
+        hows = [(how, [s for s in seeds if failed.get(s) == how]) for how in FAILURES]
+        hows = [f"{'' if how == 'diverged' else 'was '}{how} in seed{'s' if len(at) > 1 else ''} "
+                f"{', '.join(map(str, at))}" for how, at in hows if at]
+        if hows:
+            parts.append(f"{arm} {' and '.join(hows)}")
+    return "; ".join(parts)
+
+
 def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
     """The markdown rows of ``claims`` (``claims_header``'s columns, differences in ``unit``), with the claims
-    no seed pairs for gathered in a line below the table rather than as rows of '-'."""
+    no seed pairs for gathered in a line below the table rather than as rows of '-', and a line naming the
+    paired runs that failed (``failed_arms``): a claim held against a run that diverged or collapsed says
+    little of the method."""
     header = claims_header(unit)
-    lines, missing = list(header), []
+    lines, missing, failed = list(header), [], []
     for claim in claims:
         ours, seeds, judged = judge(claim)
         if not seeds:
@@ -643,8 +693,14 @@ def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
             continue
         lines.append(f"| {claim.text} | {paper_gain_cell(claim)} | {ours} | {', '.join(map(str, seeds))} "
                      f"| {judged} |")
+        if arms := failed_arms(claim, seeds):
+            failed.append(f"{claim.text}: {arms}")
     if len(lines) == len(header):
         lines = []
+    if failed:
+        lines += ["", ("Failed runs among those paired (the run's summary: `diverged`, the runner stopped it "
+                       "and its values are from before; `collapsed`, a constant predictor): "
+                       + "; ".join(failed) + ".")]
     if missing:
         lines += ["", "Unresolved (0 seeds), no paired records: " + "; ".join(missing) + "."]
     return lines

@@ -115,6 +115,27 @@ def test_a_claim_of_direction_only_is_held_or_not_by_the_side_of_zero_its_interv
     assert lines[2] == "| A below B | a gain, no number | +0.30 [+0.28, +0.32] | 0, 1, 2 | held |"
 
 
+def test_a_claims_table_names_the_paired_runs_that_failed(tmp_path):
+    from table_runs import SeedValues, evaluations, seed_values
+
+    for seed, summary in enumerate([{}, {"diverged": "train_loss is nan at round 6"},
+                                    {"collapsed": "test accuracy 0.1000 is ...: a constant predictor"}]):
+        run = tmp_path / f"base/seed{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"best_test_accuracy": 0.5, **summary}))
+        (run / "metrics.jsonl").write_text('{"round": 5, "test_accuracy": 0.5}\n')
+    base = seed_values(tmp_path, "base", [0, 1, 2, 3],  # seed 3 has not run
+                       lambda run: 100 * rows[-1]["test_accuracy"] if (rows := evaluations(run)) else None)
+    assert base == {0: 50.0, 1: 50.0, 2: 50.0} and base.failed == {1: "diverged", 2: "a constant predictor"}
+    method = SeedValues({0: 52.0, 1: 53.0, 2: 54.0, 3: 55.0}, {3: "diverged"})  # seed 3 pairs nothing
+    lines = claims_table([Claim("A beats B", 1.0, method, base), Claim("A beats C", 1.0, method, {0: 1.0})])
+    assert lines[-1] == (
+        "Failed runs among those paired (the run's summary: `diverged`, the runner stopped it and its values "
+        "are from before; `collapsed`, a constant predictor): A beats B: the base diverged in seed 1 and was "
+        "a constant predictor in seed 2.")
+    assert not any(line.startswith("Failed") for line in claims_table([Claim("A", 1.0, {0: 1.0}, {0: 0.0})]))
+
+
 def fake_curve(run_dir: Path, rows: list[dict]) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

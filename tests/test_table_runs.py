@@ -195,6 +195,36 @@ def test_old_record_folders_convert_and_merge(tmp_path, records):
     assert merged["a/fedavg/seed1"].seed == 0
 
 
+def test_records_made_before_the_collapse_check_get_the_runners_verdict(tmp_path):
+    from fedjax_lab.experiments.config import validate
+    from fedjax_lab.experiments.datasets import build_dataset
+
+    config = validate({**TINY, "seed": 3}).model_dump(mode="json")
+    labels = build_dataset(validate(config)).test["y"]
+    share = float(np.mean(labels == np.bincount(labels).argmax()))
+    evaluations = {"constant": [0.5, share, share, share], "learning": [0.5, share, 0.9, 0.95],
+                   "diverged": [0.5, share, share, share, 0.1], "checked": [share] * 4}
+
+    def rows(accuracies):
+        got = [{"round": 5 * i, "test_accuracy": a} for i, a in enumerate(accuracies)]
+        return got[:4] + [{**row, "diverged": True} for row in got[4:]]  # the runner's rows after a NaN
+
+    path = tmp_path / "fedimpro.jsonl.gz"
+    made = {name: Record(name=name, config=config, summary={}, rows=rows(accuracies))
+            for name, accuracies in evaluations.items()}
+    made["checked"].summary["collapsed"] = None  # checked by the runner: kept as it is
+    made["elsewhere"] = Record(name="elsewhere", summary={}, rows=rows([share] * 4),
+                               config={**config, "dataset": {"name": "image_folder", "path": "/nowhere"}})
+    record_files.write(path, made)
+    assert compact_records.mark_collapsed(path, {}) == (3, 2)
+    summaries = {name: r.summary for name, r in record_files.read(path).items()}
+    assert summaries["constant"]["collapsed"].endswith("from round 5 to 15: a constant predictor")
+    assert summaries["diverged"]["collapsed"].endswith("from round 5 to 15: a constant predictor")
+    assert summaries["learning"]["collapsed"] is None and summaries["checked"]["collapsed"] is None
+    assert "collapsed" not in summaries["elsewhere"]  # no labels here: left unchecked, not called healthy
+    assert compact_records.mark_collapsed(path, {}) == (0, 0)  # nothing left to check
+
+
 def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):
     runs = tmp_path / "fedimpro"
     fake_run(runs / "a/fedavg/seed0", 0.8)
