@@ -5,7 +5,8 @@ what each family's report reads (its script's ``KEEP``), and checks that every c
 its folder did.
 
 Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's, and gives
-records made before the runner checked for a collapse their summary's ``collapsed`` (``--collapsed``).
+records made before the runner checked for a collapse their summary's ``collapsed`` (``--collapsed``), and
+keeps of a file's records only what its family's ``KEEP`` says now (``--trim``: a report that reads less).
 
 Usage::
 
@@ -13,6 +14,7 @@ Usage::
     python benchmarks/compact_records.py --folders runs/feddle --delete   # any folder of runs; then delete it
     python benchmarks/compact_records.py --merge OUT/benchmarks/results/records/*.jsonl.gz
     python benchmarks/compact_records.py --collapsed                  # every file under records/
+    python benchmarks/compact_records.py --trim records/bherd.jsonl.gz
 
 A family's file already there is merged with (a converted run of the same name is replaced). ``--delete``
 removes each folder once its records are written and checked. ``--merge`` adds each file's runs that the
@@ -23,6 +25,7 @@ elsewhere).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -62,14 +65,13 @@ def check(kept: Record, run_dir: Path, spec: Keep) -> None:
     keeps it: config, summary, every evaluated row, and the kept rows, arrays and sizes."""
     whole = Record.from_run_dir(run_dir, kept.name)
     summary = json.loads((run_dir / "summary.json").read_text())
-    kept_rows = [r if "test_accuracy" in r else {k: r[k] for k in ("round", *spec.rounds) if k in r}
-                 for r in whole.rows if "test_accuracy" in r or any(k in r for k in spec.rounds)]
+    kept_rows = spec.rows(whole.rows)
     problems = [what for what, a, b in (
         ("config", kept.config, yaml.safe_load((run_dir / "config.yaml").read_text())),
         ("summary", kept.summary, summary),
         ("backend", [kept.backend, kept.devices],
          [summary.get(k, record_files.UNKNOWN) for k in ("backend", "devices")]),
-        ("evaluated rows", kept.evaluations(), whole.evaluations()),
+        ("evaluated rows", kept.evaluations(), [r for r in kept_rows if "test_accuracy" in r]),
         ("kept rows", kept.rows, kept_rows),
         ("sizes", kept.sizes, whole.sizes if spec.sizes else None)) if not same_value(a, b)]
     expected = spec.arrays(kept.name, whole.arrays) if spec.arrays and whole.arrays else {}
@@ -139,6 +141,17 @@ def mark_collapsed(path: Path, cache: dict) -> tuple[int, int]:
     return checked, collapsed
 
 
+def trim(path: Path) -> tuple[int, int]:
+    """Keeps of each record of ``path`` only the rows its family's ``KEEP`` keeps (``Keep.rows``); returns the
+    file's size in bytes before and after."""
+    spec, before = spec_of(path.name.removesuffix(SUFFIX)), path.stat().st_size
+    with record_files.locked(path):
+        base, records = record_files.read_with_base(path, cached=False)
+        trimmed = {name: dataclasses.replace(r, rows=spec.rows(r.rows)) for name, r in records.items()}
+        record_files.write(path, trimmed, base)
+    return before, path.stat().st_size
+
+
 def merge(other: Path, out: Path) -> int:
     """Adds the records of ``other`` that ``out`` lacks to ``out``; returns their number."""
     theirs = record_files.read(other)
@@ -162,7 +175,14 @@ def main() -> None:
     parser.add_argument("--collapsed", nargs="*", type=Path, metavar="FILE",
                         help="give the records of these files (default: every file under "
                              "benchmarks/results/records) that lack it their summary's collapsed")
+    parser.add_argument("--trim", nargs="+", type=Path, metavar="FILE",
+                        help="keep of these record files' runs only what their family's KEEP says now")
     args = parser.parse_args()
+    if args.trim:
+        for path in args.trim:
+            before, after = trim(path)
+            print(f"{path}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+        return
     if args.collapsed is not None:
         cache = {}
         for path in args.collapsed or sorted(RECORDS.glob(f"*{SUFFIX}")):

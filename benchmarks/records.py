@@ -15,8 +15,9 @@ the resolved config most of its runs share. Every other line is one run, sorted 
                                      "base64": "..."}},   # (only when kept)
      "sizes": [120, 98, ...]}                      # (only when kept) each client's number of rows
 
-``rows`` are the rows of ``metrics.jsonl`` that hold a test evaluation, whole, and of the other rows only the
-per-round metrics its family's reports read (``Keep.rounds``; rows with none are left out). ``arrays`` (the
+``rows`` are the rows of ``metrics.jsonl`` that hold a test evaluation (whole, or the metrics its family's
+reports read, ``Keep.evaluated``), and of the other rows only the per-round metrics its family's reports read
+(``Keep.rounds``; rows with none are left out). ``arrays`` (the
 array metrics, ``read_arrays``) and ``sizes`` are kept only where a report reads them (``Keep.arrays``,
 ``Keep.sizes``), reduced to what it reads. A run's full run directory (checkpoints, partition, every row,
 array blocks) stays in the git-ignored ``runs/``.
@@ -71,11 +72,27 @@ class Keep:
       arrays: ``(name, arrays) -> arrays``: the array metrics to keep of the run ``name`` (``arrays`` as
         ``read_arrays`` returns them, with ``"round"``), reduced to what the report reads; None keeps none.
       sizes: whether to keep each client's number of rows (from ``client_sizes.json`` or ``partition.npz``).
+      evaluated: the metrics an evaluated row keeps beside its ``round``, ``test_accuracy`` and a ``diverged``
+        mark; None keeps the whole row.
     """
 
     rounds: tuple[str, ...] = ()
     arrays: Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
     sizes: bool = False
+    evaluated: tuple[str, ...] | None = None
+
+    def rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What a record keeps of a run's ``metrics.jsonl`` rows (or of a record's: keeping again changes
+        nothing): each evaluated row (whole, or its ``evaluated`` metrics), and of the others only the
+        ``rounds`` metrics, rows with none left out."""
+        keys = None if self.evaluated is None else {"round", "test_accuracy", "diverged", *self.evaluated}
+        kept = []
+        for row in rows:
+            if "test_accuracy" in row:
+                kept.append(row if keys is None else {k: v for k, v in row.items() if k in keys})
+            elif any(k in row for k in self.rounds):
+                kept.append({k: row[k] for k in ("round", *self.rounds) if k in row})
+        return kept
 
 
 EVERYTHING = None
@@ -111,9 +128,7 @@ class Record:
         config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
         rows = read_metrics(run_dir)
         if keep is not EVERYTHING:
-            rows = [r if "test_accuracy" in r else {"round": r["round"], **{k: r[k] for k in keep.rounds
-                                                                              if k in r}} for r in rows]
-            rows = [r for r in rows if len(r) > 1]
+            rows = keep.rows(rows)
         arrays = read_arrays(run_dir)
         if keep is not EVERYTHING:
             arrays = keep.arrays(name, arrays) if keep.arrays and arrays else {}

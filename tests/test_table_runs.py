@@ -195,6 +195,22 @@ def test_old_record_folders_convert_and_merge(tmp_path, records):
     assert merged["a/fedavg/seed1"].seed == 0
 
 
+def test_a_family_that_reads_less_of_each_evaluated_row_keeps_less(tmp_path, monkeypatch):
+    rows = [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 2.0, "test_loss": 2.3},
+            {"round": 1, "train_loss": 1.5, "update_norm": 0.2},
+            {"round": 2, "test_accuracy": 0.5, "full_train_loss": 1.0, "test_loss": 1.2, "diverged": "nan"}]
+    spec = Keep(rounds=("train_loss",), evaluated=("full_train_loss",))
+    kept = [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 2.0}, {"round": 1, "train_loss": 1.5},
+            {"round": 2, "test_accuracy": 0.5, "full_train_loss": 1.0, "diverged": "nan"}]
+    assert spec.rows(rows) == kept and spec.rows(kept) == kept  # keeping again changes nothing
+    assert Keep().rows(rows) == [rows[0], rows[2]]  # by default, evaluated rows whole
+    path = tmp_path / "bherd.jsonl.gz"
+    record_files.write(path, {"a": Record(name="a", config={"seed": 0}, summary={"x": 1}, rows=rows)})
+    monkeypatch.setattr(compact_records, "spec_of", lambda family: spec if family == "bherd" else None)
+    compact_records.trim(path)
+    assert record_files.read(path)["a"].rows == kept and record_files.read(path)["a"].summary == {"x": 1}
+
+
 def test_records_made_before_the_collapse_check_get_the_runners_verdict(tmp_path):
     from fedjax_lab.experiments.config import validate
     from fedjax_lab.experiments.datasets import build_dataset
@@ -288,6 +304,11 @@ def test_a_report_that_would_lose_filled_cells_goes_beside_the_old_one(tmp_path,
     # Regenerated from fewer records: the first "ours" column is gone, the second filled in.
     new = OLD_REPORT.replace("52.8±6.5 | 80.7 | -", "- | 80.7 | 69.1±1.0")
     assert table_runs.lost_cells(OLD_REPORT, new) == [("Table 5", "FedAvg", "ours")]
+    # a column whose header holds a target the runs set (BHerd's) is the same column when the target moves
+    target = "| method | rounds to acc 86.74% |\n|---|---|\n| FedAvg | 4 |\n"
+    assert table_runs.lost_cells(target, target.replace("86.74", "86.77")) == []
+    assert table_runs.lost_cells(target, target.replace("86.74", "86.77").replace("| 4 |", "| - |")) == [
+        ("", "FedAvg", "rounds to acc 86.74%")]
     written = table_runs.write_report(out, new)
     assert written == tmp_path / "feddle_tables.new.md" and written.read_text() == new
     assert out.read_text() == OLD_REPORT
