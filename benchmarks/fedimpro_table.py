@@ -508,8 +508,8 @@ def claims(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
     figure = out.with_name(f"{scale.runs}_curves.png")
     if plot_decisive_curves(runs, datasets, seeds, figure):
         lines += ["## The decisive curves", "", f"![FedImpro against each base]({figure.name})", "",
-                  (f"{SETTINGS[MAIN][0]}: test accuracy against rounds, mean over seeds "
-                   f"{', '.join(map(str, seeds))} with a band of one sample standard deviation (ddof 1)."),
+                  (f"{SETTINGS[MAIN][0]}: test accuracy against rounds, mean over the seeds each ran (of "
+                   f"{', '.join(map(str, seeds))}) with a band of one sample standard deviation (ddof 1)."),
                   ""]
     written = write_report(out, "\n".join(lines) + "\n")
     print(f"wrote {written}")

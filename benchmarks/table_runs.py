@@ -706,9 +706,11 @@ def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
     return lines
 
 
-def table_cells(text: str) -> dict[tuple[str, str, str], str]:
+def table_cells(text: str, header_numbers: bool = True) -> dict[tuple[str, str, str], str]:
     """The cells of every markdown table in ``text``, keyed by (the heading above, the row's first cell, the
-    column's header); a repeated header is numbered ("ours", "ours#2", ...)."""
+    column's header); a repeated header is numbered ("ours", "ours#2", ...). ``header_numbers=False`` reads
+    each number in a header as "#" first ("seed 0", "seed 1": "seed #", "seed ##2"), so that a column whose
+    header holds a number the runs set keeps its name when the number moves."""
     cells, heading, header = {}, "", None
     for line in text.splitlines():
         if line.startswith("#"):
@@ -716,7 +718,8 @@ def table_cells(text: str) -> dict[tuple[str, str, str], str]:
         elif not line.startswith("|"):
             header = None
         elif header is None:
-            names = [c.strip() for c in line.strip().strip("|").split("|")]
+            names = [c.strip() if header_numbers else re.sub(r"\d+(\.\d+)?", "#", c.strip())
+                     for c in line.strip().strip("|").split("|")]
             header = [n if names[:i].count(n) == 0 else f"{n}#{names[:i].count(n) + 1}"
                       for i, n in enumerate(names)]
         elif not set(line) <= set("|-: "):
@@ -728,14 +731,11 @@ def table_cells(text: str) -> dict[tuple[str, str, str], str]:
 
 def lost_cells(old: str, new: str) -> list[tuple[str, str, str]]:
     """The table cells filled in ``old`` that ``new`` leaves empty, '-' or out: what regenerating a report
-    from fewer records than made it would lose. A header's numbers do not name its column: a target the runs
-    set (BHerd's "rounds to acc 86.74%", FedAvg's mean) moves when more seeds finish."""
-    def column(key: tuple[str, str, str]) -> tuple[str, str, str]:
-        return key[0], key[1], re.sub(r"\d+(\.\d+)?", "#", key[2])
-
-    new_cells = {column(key): cell for key, cell in table_cells(new).items()}
-    return [key for key, cell in table_cells(old).items()
-            if cell not in ("", "-") and new_cells.get(column(key), "-") in ("", "-")]
+    from fewer records than made it would lose. A header's numbers do not name its column (its key says
+    "#"): a target the runs set (BHerd's "rounds to acc 86.74%", FedAvg's mean) moves as more seeds finish."""
+    new_cells = table_cells(new, header_numbers=False)
+    return [key for key, cell in table_cells(old, header_numbers=False).items()
+            if cell not in ("", "-") and new_cells.get(key, "-") in ("", "-")]
 
 
 def write_report(out: Path, text: str) -> Path:

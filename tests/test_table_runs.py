@@ -308,7 +308,10 @@ def test_a_report_that_would_lose_filled_cells_goes_beside_the_old_one(tmp_path,
     target = "| method | rounds to acc 86.74% |\n|---|---|\n| FedAvg | 4 |\n"
     assert table_runs.lost_cells(target, target.replace("86.74", "86.77")) == []
     assert table_runs.lost_cells(target, target.replace("86.74", "86.77").replace("| 4 |", "| - |")) == [
-        ("", "FedAvg", "rounds to acc 86.74%")]
+        ("", "FedAvg", "rounds to acc #%")]
+    seeds = "| run | seed 0 | seed 1 |\n|---|---|---|\n| FedAvg | 83.6 | - |\n"  # columns told apart by order
+    assert table_runs.lost_cells(seeds, seeds) == []
+    assert table_runs.lost_cells(seeds, seeds.replace("83.6", "-")) == [("", "FedAvg", "seed #")]
     written = table_runs.write_report(out, new)
     assert written == tmp_path / "feddle_tables.new.md" and written.read_text() == new
     assert out.read_text() == OLD_REPORT
