@@ -161,8 +161,9 @@ PAPER_T3 = {  # Table 3, CIFAR-10: niid -> base -> (x, v)
 }
 
 
-def cell(values: list[float], of: int | None = None) -> str:
-    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds."""
+def cell(values: list[float] | SeedValues, of: int | None = None) -> str:
+    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds, and how many runs failed
+    (``table_runs.mean_std``)."""
     return mean_std(values, of=of, ddof=1)
 
 
@@ -233,8 +234,10 @@ def final_accuracy(run_dir: Path) -> float | None:
     return None if rows is None else 100 * rows[-1]["test_accuracy"]
 
 
-def accuracies(runs: Path, name: str, seeds) -> list[float]:
-    return [a for a in (final_accuracy(runs / f"{name}/seed{s}") for s in seeds) if a is not None]
+def accuracies(runs: Path, name: str, seeds) -> SeedValues:
+    """The final accuracy (%) of each seed's finished run of ``name``, with the runs that failed (a table
+    cell says how many)."""
+    return seed_values(runs, name, seeds, final_accuracy)
 
 
 def by_seed(runs: Path, name: str, seeds) -> SeedValues:

@@ -260,8 +260,9 @@ FEDDF_RATES = [1e-5, 1e-4, 1e-3]  # the paper's grid for FedDF's distillation (A
 PROBE = "algorithm.probe_examples=512"
 
 
-def cell(values: list[float], of: int | None = None) -> str:
-    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds."""
+def cell(values: list[float] | SeedValues, of: int | None = None) -> str:
+    """A table cell: mean ± the sample standard deviation (ddof 1) over seeds, and how many runs failed
+    (``table_runs.mean_std``)."""
     return mean_std(values, of=of, ddof=1)
 
 
@@ -454,12 +455,7 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
                 if method == "center" and k:
                     row.append(" | ")
                     continue
-                if method == "center":
-                    got = [center_metric(runs, dataset, seed) for seed in seeds]
-                else:
-                    got = [paper_metric(runs / f"{cell_name(dataset, a, s)}/{method}/seed{seed}")
-                           for seed in seeds]
-                row.append(f"{paper[k]} | {cell([g[0] for g in got if g is not None], of=len(seeds))}")
+                row.append(f"{paper[k]} | {cell(scores(runs, dataset, a, s, method, seeds), of=len(seeds))}")
             lines.append(f"| {label} | {'yes' if data == 'id' else 'no'} | " + " | ".join(row) + " |")
         lines.append("")
         figure = out.parent / f"{scale.runs}_negative_{dataset}.png"

@@ -136,9 +136,9 @@ PAPER_SPLIT_ACCURACY = {"conv1": 87.64, "conv2": 88.45, "fc1": 87.86, "fc2": 84.
 LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10"}
 
 
-def cell(values: list[float], of: int | None = None) -> str:
+def cell(values: list[float] | SeedValues, of: int | None = None) -> str:
     """A table cell: mean ± the sample standard deviation (ddof 1) over seeds; "(n seeds)" where fewer than
-    ``of``, the seeds the table is over, ran."""
+    ``of``, the seeds the table is over, ran, and how many runs failed (``table_runs.mean_std``)."""
     return mean_std(values, of=of, ddof=1)
 
 
@@ -292,11 +292,10 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
         for setting, (label, _) in SETTINGS.items():
             row = []
             for method in METHODS:
-                got = [evaluations(runs / f"{dataset}/{setting}/{method}/seed{s}") for s in seeds]
-                best = [100 * max(r["test_accuracy"] for r in g) for g in got if g]
+                best = best_by_seed(runs, f"{dataset}/{setting}/{method}", seeds)
                 row.append(f"{PAPER[dataset][setting][method][0]} | {cell(best, of=len(seeds))}")
                 if method == "fedavg" and best:
-                    targets[setting] = math.floor(np.mean(best))
+                    targets[setting] = math.floor(np.mean(list(best.values())))
             lines.append(f"| {label} | " + " | ".join(row) + " |")
         lines += ["", (f"## Table 2, {dataset}: rounds to the target (FedAvg's best, rounded down), "
                        "paper | ours"), "",
@@ -325,7 +324,7 @@ def report(runs: Path, datasets, seeds, out: Path, scale: Scale = SCALES["cpu"])
                       f"Paper: {PAPER_SPLITS}. Ours: the default split's cell is Table 1's FedImpro run.", "",
                       "| split | " + " | ".join(SPLITS.values()) + " |", "|---|" + "---|" * len(SPLITS),
                       "| best accuracy (%) | " + " | ".join(
-                          mean_std(list(best.values()), of=len(seeds)) for best in split_best.values())
+                          mean_std(best, of=len(seeds)) for best in split_best.values())
                       + " |", ""]
         lines += variants_report(runs, dataset, seeds)
         lines += counterfactual_report(runs, dataset, seeds, out, plt, scale)

@@ -546,16 +546,23 @@ def datasets_on_disk(runs: Run, known) -> list[str]:
     return [d for d in known if has_runs(runs / d)]
 
 
-def mean_std(values: list[float], sep: str = "±", of: int | None = None, ddof: int = 1) -> str:
+def mean_std(values: list[float] | SeedValues, sep: str = "±", of: int | None = None, ddof: int = 1) -> str:
     """A table cell: ``mean±std`` over seeds, the value and "(1 seed)" for one, "-" for none; with ``of`` (the
     seeds the table is over), a cell over fewer says how many: "(2 seeds)". The spread is the sample standard
-    deviation (``ddof=1``), the project's standard."""
+    deviation (``ddof=1``), the project's standard. Given a :class:`SeedValues`, the cell also says how many
+    of its runs failed (``failure``), e.g. "(1 diverged)" or "(2 seeds; 1 a constant predictor)": such a mean
+    is not a method's accuracy."""
+    failed = getattr(values, "failed", {})
+    values = list(values.values()) if isinstance(values, dict) else list(values)
     if not values:
         return "-"
+    notes = [f"{len(values)} seed{'s' if len(values) > 1 else ''}"] if len(values) == 1 or (
+        of is not None and len(values) < of) else []
+    notes += [f"{n} {how}" for how in FAILURES if (n := sum(1 for h in failed.values() if h == how))]
+    note = f" ({'; '.join(notes)})" if notes else ""
     if len(values) == 1:
-        return f"{values[0]:.1f} (1 seed)"
-    fewer = f" ({len(values)} seeds)" if of is not None and len(values) < of else ""
-    return f"{np.mean(values):.1f}{sep}{np.std(values, ddof=ddof):.1f}{fewer}"
+        return f"{values[0]:.1f}{note}"
+    return f"{np.mean(values):.1f}{sep}{np.std(values, ddof=ddof):.1f}{note}"
 
 
 # --------------------------------------------------------------------------------- claims

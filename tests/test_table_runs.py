@@ -381,6 +381,16 @@ def test_a_cell_over_fewer_seeds_than_its_table_says_how_many():
     assert table_runs.mean_std([40.0]) == "40.0 (1 seed)"
 
 
+def test_a_cell_says_how_many_of_its_runs_failed():
+    values = table_runs.SeedValues({0: 40.0, 1: 10.0, 2: 44.0, 3: 10.0},
+                                   failed={1: "a constant predictor", 3: "diverged"})
+    assert table_runs.mean_std(values) == "26.0±18.5 (1 diverged; 1 a constant predictor)"
+    assert table_runs.mean_std(values, of=5) == "26.0±18.5 (4 seeds; 1 diverged; 1 a constant predictor)"
+    one = table_runs.SeedValues({2: 44.0}, failed={2: "diverged"})
+    assert table_runs.mean_std(one) == "44.0 (1 seed; 1 diverged)"
+    assert table_runs.mean_std(table_runs.SeedValues({0: 40.0, 2: 44.0})) == table_runs.mean_std([40.0, 44.0])
+
+
 @pytest.mark.parametrize("scale, rounds, local_steps, schedule", [("cpu", 30, 50, (20, 128, 50)),
                                                                   ("paper", 70, 400, (50, 256, 100))])
 def test_fedcog_size_weighting_row_differs_from_fedcogs_only_in_the_kd_weighting(scale, rounds, local_steps,
