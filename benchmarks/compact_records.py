@@ -5,8 +5,9 @@ what each family's report reads (its script's ``KEEP``), and checks that every c
 its folder did.
 
 Also merges record files made elsewhere (a lent GPU's, ``gpu_tables.sh``) into the repository's, and gives
-records made before the runner checked for a collapse their summary's ``collapsed`` (``--collapsed``), and
-keeps of a file's records only what its family's ``KEEP`` says now (``--trim``: a report that reads less).
+records made before the runner checked for a collapse their summary's ``collapsed`` and ``at_chance``
+(``--collapsed``), and keeps of a file's records only what its family's ``KEEP`` says now (``--trim``: a
+report that reads less).
 
 Usage::
 
@@ -121,24 +122,27 @@ def evaluated_labels(config: dict, cache: dict) -> np.ndarray | None:
 
 
 def mark_collapsed(path: Path, cache: dict) -> tuple[int, int]:
-    """Gives each record of ``path`` whose summary lacks ``collapsed`` the runner's verdict on its evaluations
-    (``runner.constant_predictor`` on the rows before any divergence, as the runner calls it); returns (how
-    many were checked, how many collapsed)."""
-    from fedjax_lab.experiments.runner import constant_predictor
+    """Gives each record of ``path`` whose summary lacks ``collapsed`` or ``at_chance`` the runner's verdicts
+    on its evaluations (``runner.constant_predictor`` and ``runner.at_chance`` on the rows before any
+    divergence, as the runner calls them); returns (how many were checked, how many failed either)."""
+    from fedjax_lab.experiments.runner import at_chance, constant_predictor
 
-    checked = collapsed = 0
+    checks = {"collapsed": constant_predictor, "at_chance": at_chance}
+    checked = failed = 0
     with record_files.locked(path):
         base, records = record_files.read_with_base(path, cached=False)
         for r in records.values():
-            if "collapsed" in r.summary or (labels := evaluated_labels(r.config, cache)) is None:
+            missing = [k for k in checks if k not in r.summary]
+            if not missing or (labels := evaluated_labels(r.config, cache)) is None:
                 continue
             evaluated = r.evaluations()
             healthy = [row for row in evaluated if "diverged" not in row] or evaluated[:1]
-            r.summary["collapsed"] = constant_predictor(healthy, labels)
-            checked, collapsed = checked + 1, collapsed + bool(r.summary["collapsed"])
+            for k in missing:
+                r.summary[k] = checks[k](healthy, labels)
+            checked, failed = checked + 1, failed + any(r.summary[k] for k in checks)
         if checked:
             record_files.write(path, records, base)
-    return checked, collapsed
+    return checked, failed
 
 
 def trim(path: Path) -> tuple[int, int]:
@@ -174,7 +178,8 @@ def main() -> None:
                              "nothing else)")
     parser.add_argument("--collapsed", nargs="*", type=Path, metavar="FILE",
                         help="give the records of these files (default: every file under "
-                             "benchmarks/results/records) that lack it their summary's collapsed")
+                             "benchmarks/results/records) that lack them their summary's collapsed and "
+                             "at_chance")
     parser.add_argument("--trim", nargs="+", type=Path, metavar="FILE",
                         help="keep of these record files' runs only what their family's KEEP says now")
     args = parser.parse_args()
@@ -186,8 +191,8 @@ def main() -> None:
     if args.collapsed is not None:
         cache = {}
         for path in args.collapsed or sorted(RECORDS.glob(f"*{SUFFIX}")):
-            checked, collapsed = mark_collapsed(path, cache)
-            print(f"{path}: {checked} records checked, {collapsed} a constant predictor")
+            checked, failed = mark_collapsed(path, cache)
+            print(f"{path}: {checked} records checked, {failed} a constant predictor or at chance")
         return
     if args.merge:
         for other in args.merge:

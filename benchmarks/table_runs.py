@@ -446,14 +446,15 @@ def summary(run: Run) -> dict[str, Any] | None:
 
 def failure(found: dict[str, Any] | None) -> str | None:
     """How a finished run failed, by its summary ``found``: "diverged" (the runner stopped it at a NaN or an
-    exploding loss) or "a constant predictor" (``collapsed``: ``runner.constant_predictor``; records made
-    before the runner checked have it from ``compact_records.py --collapsed``); None for a run that trained or
-    has not finished."""
+    exploding loss), "a constant predictor" (``collapsed``: ``runner.constant_predictor``) or "at chance"
+    (``at_chance``: ``runner.at_chance``; records made before the runner checked have both from
+    ``compact_records.py --collapsed``); None for a run that trained or has not finished."""
     found = found or {}
-    return "diverged" if found.get("diverged") else "a constant predictor" if found.get("collapsed") else None
+    return ("diverged" if found.get("diverged") else "a constant predictor" if found.get("collapsed")
+            else "at chance" if found.get("at_chance") else None)
 
 
-FAILURES = ("diverged", "a constant predictor")
+FAILURES = ("diverged", "a constant predictor", "at chance")
 
 
 class SeedValues(dict):
@@ -706,7 +707,8 @@ def claims_table(claims: list[Claim], unit: str = "points") -> list[str]:
         lines = []
     if failed:
         lines += ["", ("Failed runs among those paired (the run's summary: `diverged`, the runner stopped it "
-                       "and its values are from before; `collapsed`, a constant predictor): "
+                       "and its values are from before; `collapsed`, a constant predictor; `at_chance`, no "
+                       "better than guessing): "
                        + "; ".join(failed) + ".")]
     if missing:
         lines += ["", "Unresolved (0 seeds), no paired records: " + "; ".join(missing) + "."]

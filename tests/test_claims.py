@@ -131,8 +131,8 @@ def test_a_claims_table_names_the_paired_runs_that_failed(tmp_path):
     lines = claims_table([Claim("A beats B", 1.0, method, base), Claim("A beats C", 1.0, method, {0: 1.0})])
     assert lines[-1] == (
         "Failed runs among those paired (the run's summary: `diverged`, the runner stopped it and its values "
-        "are from before; `collapsed`, a constant predictor): A beats B: the base diverged in seed 1 and was "
-        "a constant predictor in seed 2.")
+        "are from before; `collapsed`, a constant predictor; `at_chance`, no better than guessing): "
+        "A beats B: the base diverged in seed 1 and was a constant predictor in seed 2.")
     assert not any(line.startswith("Failed") for line in claims_table([Claim("A", 1.0, {0: 1.0}, {0: 0.0})]))
 
 

@@ -159,6 +159,30 @@ def test_a_constant_predictor_is_the_same_class_share_at_the_last_evaluations_af
     assert "the share of each of 4 classes" in constant_predictor(rows(0.5, 0.25, 0.25, 0.25), balanced)
 
 
+def test_a_model_at_chance_is_at_most_the_largest_share_and_three_deviations_of_guessing():
+    from fedjax_lab.experiments.runner import at_chance, constant_predictor
+
+    labels = np.repeat(np.arange(100), 100)  # CIFAR-100's test set: 1 % a class, 10,000 labels
+    bound = 0.01 + 3 * np.sqrt(0.01 * 0.99 / 10_000)  # 0.01298
+
+    def rows(*accuracies):
+        return [{"round": 2 * i, "test_accuracy": a} for i, a in enumerate(accuracies)]
+
+    # FedSAM at rho 0.5's last evaluations: a few classes, no constant predictor, no better than guessing
+    fedsam = rows(0.0085, 0.0126, 0.0105, 0.0099, 0.0102, 0.0099, 0.0104)
+    assert constant_predictor(fedsam, labels) is None
+    found = at_chance(fedsam, labels)
+    assert found.endswith("from round 2 to 12: at chance") and "at most 0.0130" in found
+    late = at_chance(rows(0.01, 0.02, 0.03, bound - 1e-6, bound, 0.012), labels)
+    assert late.endswith("from round 6 to 10: at chance")
+    assert at_chance(rows(0.01, 0.01, 0.01, bound + 1e-4), labels) is None  # the last one learned a little
+    assert at_chance(rows(0.01, 0.01, 0.01), labels) is None  # two evaluations after round 0
+    skewed = np.array([0] * 900 + [1] * 100)  # the bound is the largest share's: 0.9 + 3 x 0.0095
+    assert at_chance(rows(0.5, 0.92, 0.92, 0.928), skewed)
+    assert at_chance(rows(0.5, 0.92, 0.95, 0.95), skewed) is None
+    assert at_chance(rows(0.0, 0.01, 0.01, 0.01), labels.reshape(100, 100)) is None  # sequences: no check
+
+
 def test_a_run_whose_model_gives_every_example_one_class_says_it_collapsed(tmp_path, monkeypatch, capsys):
     """The output layer zeroed but for its bias on class 2, and a learning rate too small to move it: every
     evaluation scores class 2's share, the summary says so, the command warns and still exits 0."""

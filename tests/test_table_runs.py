@@ -218,8 +218,12 @@ def test_records_made_before_the_collapse_check_get_the_runners_verdict(tmp_path
     config = validate({**TINY, "seed": 3}).model_dump(mode="json")
     labels = build_dataset(validate(config)).test["y"]
     share = float(np.mean(labels == np.bincount(labels).argmax()))
+    shares = np.bincount(labels) / len(labels)
+    guess = next(share - j / len(labels) for j in range(1, len(labels))  # near the share but no class's
+                 if np.min(np.abs(shares - (share - j / len(labels)))) > 0.5 / len(labels))
     evaluations = {"constant": [0.5, share, share, share], "learning": [0.5, share, 0.9, 0.95],
-                   "diverged": [0.5, share, share, share, 0.1], "checked": [share] * 4}
+                   "diverged": [0.5, share, share, share, 0.1], "checked": [share] * 4,
+                   "guessing": [0.5, guess, share, guess]}
 
     def rows(accuracies):
         got = [{"round": 5 * i, "test_accuracy": a} for i, a in enumerate(accuracies)]
@@ -228,15 +232,19 @@ def test_records_made_before_the_collapse_check_get_the_runners_verdict(tmp_path
     path = tmp_path / "fedimpro.jsonl.gz"
     made = {name: Record(name=name, config=config, summary={}, rows=rows(accuracies))
             for name, accuracies in evaluations.items()}
-    made["checked"].summary["collapsed"] = None  # checked by the runner: kept as it is
+    made["checked"].summary.update(collapsed=None, at_chance=None)  # checked by the runner: kept as it is
     made["elsewhere"] = Record(name="elsewhere", summary={}, rows=rows([share] * 4),
                                config={**config, "dataset": {"name": "image_folder", "path": "/nowhere"}})
     record_files.write(path, made)
-    assert compact_records.mark_collapsed(path, {}) == (3, 2)
+    assert compact_records.mark_collapsed(path, {}) == (4, 3)
     summaries = {name: r.summary for name, r in record_files.read(path).items()}
     assert summaries["constant"]["collapsed"].endswith("from round 5 to 15: a constant predictor")
     assert summaries["diverged"]["collapsed"].endswith("from round 5 to 15: a constant predictor")
     assert summaries["learning"]["collapsed"] is None and summaries["checked"]["collapsed"] is None
+    assert summaries["guessing"]["collapsed"] is None and summaries["guessing"]["at_chance"].endswith(
+        "from round 5 to 15: at chance")
+    assert summaries["constant"]["at_chance"] and summaries["checked"]["at_chance"] is None
+    assert summaries["learning"]["at_chance"] is None
     assert "collapsed" not in summaries["elsewhere"]  # no labels here: left unchecked, not called healthy
     assert compact_records.mark_collapsed(path, {}) == (0, 0)  # nothing left to check
 
@@ -389,6 +397,12 @@ def test_a_cell_says_how_many_of_its_runs_failed():
     one = table_runs.SeedValues({2: 44.0}, failed={2: "diverged"})
     assert table_runs.mean_std(one) == "44.0 (1 seed; 1 diverged)"
     assert table_runs.mean_std(table_runs.SeedValues({0: 40.0, 2: 44.0})) == table_runs.mean_std([40.0, 44.0])
+    guessed = {"at_chance": "test accuracy 0.0101 is at most 0.0130 ...: at chance"}
+    assert table_runs.failure(guessed) == "at chance"
+    assert table_runs.failure({**guessed, "collapsed": "...: a constant predictor"}) == "a constant predictor"
+    assert table_runs.failure({"collapsed": None, "at_chance": None}) is None
+    near = table_runs.SeedValues({0: 1.0, 1: 1.1}, {1: "at chance"})
+    assert table_runs.mean_std(near) == "1.1±0.1 (1 at chance)"
 
 
 @pytest.mark.parametrize("scale, rounds, local_steps, schedule", [("cpu", 30, 50, (20, 128, 50)),

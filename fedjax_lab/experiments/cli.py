@@ -131,8 +131,8 @@ def _run(args) -> int:
               f"{summary['best_test_accuracy']:.4f} at round {summary['best_round']}; results in {run_dir}/",
               file=sys.stderr)
         return EXIT_DIVERGED
-    if summary.get("collapsed"):
-        print(f"fedjax-lab: warning: {summary['collapsed']}; best test accuracy "
+    if failed := summary.get("collapsed") or summary.get("at_chance"):
+        print(f"fedjax-lab: warning: {failed}; best test accuracy "
               f"{summary['best_test_accuracy']:.4f} at round {summary['best_round']}", file=sys.stderr)
     speed = (f"{summary['rounds_per_second']:.2f} rounds/s" if summary.get("rounds_per_second")
              else "no rounds run")

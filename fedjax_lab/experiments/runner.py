@@ -151,6 +151,44 @@ def constant_predictor(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
             f"evaluation from round {rows[first]['round']} to {rows[-1]['round']}: a constant predictor")
 
 
+CHANCE_DEVIATIONS = 3.0
+"""How many binomial standard deviations of guessing above the largest class's share of the test labels an
+accuracy may lie and still count as chance (:func:`at_chance`)."""
+
+
+def at_chance(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
+              evaluations: int = COLLAPSE_EVALUATIONS) -> str | None:
+    """Why the global model looks no better than chance, or ``None``.
+
+    A model that has learned nothing scores about the largest class's share ``p`` of the ``n`` test labels or
+    less; one that guesses reaches ``p + 3 sqrt(p (1 - p) / n)`` only rarely. When the last ``evaluations``
+    evaluations after round 0 all lie at or below that bound, the run has not learned. This catches what
+    :func:`constant_predictor` does not: a model at chance that spreads its answers over a few classes
+    (FedSAM at rho 0.5 on CIFAR-100, 0.99-1.02 % in ``docs/reproductions/fedcog.md``). The run goes on; the
+    summary (``at_chance``) and the command say so. Only for one label per example (not sequences).
+
+    Args:
+      evaluated: the metrics rows that hold ``test_accuracy``, in round order.
+      labels: the test set's labels, ``[n]`` integers.
+      evaluations: how many evaluations in a row at chance count.
+    """
+    labels = np.asarray(labels)
+    rows = [row for row in evaluated if row["round"] > 0]
+    if labels.ndim != 1 or len(labels) == 0 or len(rows) < evaluations:
+        return None
+    share = np.bincount(labels).max() / len(labels)
+    bound = share + CHANCE_DEVIATIONS * np.sqrt(share * (1 - share) / len(labels))
+    if any(row["test_accuracy"] > bound for row in rows[-evaluations:]):
+        return None
+    first = len(rows) - evaluations
+    while first > 0 and rows[first - 1]["test_accuracy"] <= bound:
+        first -= 1
+    return (f"test accuracy {rows[-1]['test_accuracy']:.4f} is at most {bound:.4f} (the largest class's "
+            f"share {share:.4f} of the test labels and {CHANCE_DEVIATIONS:g} standard deviations of "
+            f"guessing) at every evaluation from round {rows[first]['round']} to {rows[-1]['round']}: "
+            "at chance")
+
+
 def _block_rows(first_round: int, metrics: dict[str, np.ndarray],
                 epsilons: Mapping[int, float] | None = None) -> list[dict[str, Any]]:
     """A row per round of a block's metrics, with the privacy spent by that round where it is counted."""
@@ -380,6 +418,7 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "best_round": best["round"],
         "rounds_to_target": rounds_to_target(healthy, experiment.config.eval.target_accuracy),
         "collapsed": constant_predictor(healthy, experiment.dataset.test["y"]),
+        "at_chance": at_chance(healthy, experiment.dataset.test["y"]),
         "rounds_per_second": rounds / seconds if seconds else None,
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),

@@ -526,7 +526,7 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
     private = any("privacy" in s for s in summaries)
     rows = [{"member": m.name, **m.values, "final_accuracy": s["final"].get("test_accuracy"),
              "best_accuracy": s.get("best_test_accuracy"), "best_round": s.get("best_round"),
-             "diverged": s.get("diverged"), "collapsed": s.get("collapsed"),
+             "diverged": s.get("diverged"), "collapsed": s.get("collapsed"), "at_chance": s.get("at_chance"),
              **({"epsilon": (s.get("privacy") or {}).get("epsilon")} if private else {})}
             for m, s in zip(members, summaries)]
     settings: dict[str, list[int]] = {}
@@ -548,10 +548,12 @@ def write_sweep_report(sweep_dir: Path, members: list[Member], summaries: list[d
         return f" {_epsilon(row['epsilon'])} |" if private else ""
 
     lines = [f"# Sweep: {len(members)} members, {layout}, {seconds:.0f} s", "",
-             f"| member |{eps_head} final accuracy | best accuracy (round) | diverged or collapsed |",
+             (f"| member |{eps_head} final accuracy | best accuracy (round) | "
+              "diverged, collapsed or at chance |"),
              f"|---|{eps_rule}---:|---:|---|"]
     lines += [f"| {r['member']} |{eps(r)} {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} "
-              f"({r['best_round']}) | {r['diverged'] or r['collapsed'] or ''} |" for r in rows]
+              f"({r['best_round']}) | {r['diverged'] or r['collapsed'] or r['at_chance'] or ''} |"
+              for r in rows]
     lines += ["", "Over seeds (mean ± sample standard deviation, ddof 1; one member: no spread):", "",
               f"| setting | members |{eps_head} final accuracy | best accuracy |",
               f"|---|---:|{eps_rule}---:|---:|"]
