@@ -47,6 +47,8 @@ from table_runs import (
     claims_table,
     collect,
     evaluations,
+    failure,
+    failure_counts,
     finished,
     has_runs,
     plot_bands,
@@ -56,6 +58,7 @@ from table_runs import (
     seed_values,
     seeds_on_disk,
     sizes,
+    summary,
     write_report,
 )
 from table_runs import config as run_config
@@ -137,9 +140,9 @@ def run(runs: Path, name: str, config_file: str, overrides: list[str]) -> None:
     """Runs one experiment unless it has finished or another copy of this script claimed it."""
     done = run_once(runs, name, load_config(CONFIGS / config_file, overrides), KEEP)
     if done:
-        summary, seconds = done
-        print(f"{name:<45} test acc {summary['final']['test_accuracy']:.4f} "
-              f"train loss {summary['final'].get('full_train_loss', float('nan')):.4f} ({seconds:.0f} s)",
+        found, seconds = done
+        print(f"{name:<45} test acc {found['final']['test_accuracy']:.4f} "
+              f"train loss {found['final'].get('full_train_loss', float('nan')):.4f} ({seconds:.0f} s)",
               flush=True)
 
 
@@ -219,6 +222,13 @@ def fmt_rounds(values, total: int) -> str:
 LOSS_SLACK, ACC_FRACTION = 0.05, 0.99
 
 
+def seeds_cell(runs: Path, name: str, seeds) -> str:
+    """How many seeds a row averages, and how many of their runs failed (``table_runs.failure``): "3 (1
+    diverged)"."""
+    notes = failure_counts(failure(summary(runs / f"{name}/seed{seed}")) for seed in seeds)
+    return f"{len(seeds)}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) -> list[str]:
     """One case: per method, the training objective at a few rounds, the final test accuracy, and the rounds
     to reach two targets set by FedAvg (seed means): 95% of its decrease of the training objective from round
@@ -245,7 +255,8 @@ def case_table(runs: Path, part: str, case: int, seeds, methods, checkpoints) ->
         to_acc = [rounds_to(r, m["test_accuracy"], acc_target, False) for r, m in got.values()]
         lines.append(f"| {label(method)} | " + " | ".join(fmt(a) for a in at) +
                      f" | {fmt([m['test_accuracy'][-1] for _, m in got.values()], 100, 2)} | "
-                     f"{fmt_rounds(to_loss, total)} | {fmt_rounds(to_acc, total)} | {len(got)} |")
+                     f"{fmt_rounds(to_loss, total)} | {fmt_rounds(to_acc, total)} | "
+                     f"{seeds_cell(runs, run_name(part, case, method), got)} |")
     return lines
 
 

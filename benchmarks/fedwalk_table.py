@@ -49,6 +49,7 @@ from table_runs import (
     claims_table,
     collect,
     failure,
+    failure_counts,
     metrics,
     plot_bands,
     run_once,
@@ -205,11 +206,16 @@ def finished(runs: Path, jobs) -> dict:
     return out
 
 
-def mean_std(values) -> str:
-    """Mean ± sample std (ddof 1) in %; one value alone (no spread to show), '–' for none."""
-    if len(values) < 2:
-        return f"{100 * values[0]:.1f}" if values else "–"
-    return f"{100 * np.mean(values):.1f} ± {100 * np.std(values, ddof=1):.1f}"
+def mean_std(summaries: list[dict], best: bool = False) -> str:
+    """The runs' final (or ``best``) test accuracy in %, mean ± sample std (ddof 1); one value alone (no
+    spread to show), '–' for none; and how many of the runs failed (``table_runs.failure``): "(1
+    diverged)"."""
+    values = [100 * (s["best_test_accuracy"] if best else s["final"]["test_accuracy"]) for s in summaries]
+    if not values:
+        return "–"
+    text = f"{values[0]:.1f}" if len(values) == 1 else f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+    notes = failure_counts(failure(s) for s in summaries)
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tuple[str, str],
@@ -225,8 +231,8 @@ def table_lines(results: dict, seeds, settings: dict, paper: dict, columns: tupl
             for i, setting in enumerate(settings):
                 done = [results[k] for s in seeds if (k := f"{prefix}/{setting}/{method}/seed{s}") in results]
                 counts.append(str(len(done)))
-                cells += [mean_std([r["summary"]["final"]["test_accuracy"] for r in done]),
-                          mean_std([r["summary"]["best_test_accuracy"] for r in done]),
+                summaries = [r["summary"] for r in done]
+                cells += [mean_std(summaries), mean_std(summaries, best=True),
                           f"{paper[method][i]:.2f}"]
             lines.append(f"| {method} | {' / '.join(counts)} | " + " | ".join(cells) + " |")
     return lines
@@ -294,8 +300,7 @@ def write_report(results: dict, args, seeds) -> None:
                   "|---|---:|---:|---:|"]
         for m, summaries in pre.items():
             lines.append(f"| pre-trained + {m} | {len(summaries)} | "
-                         f"{mean_std([x['final']['test_accuracy'] for x in summaries])} | "
-                         f"{mean_std([x['best_test_accuracy'] for x in summaries])} |")
+                         f"{mean_std(summaries)} | {mean_std(summaries, best=True)} |")
     write_markdown(out / "fedwalk_results.md", "\n".join(lines) + "\n")
     write_claims(results, seeds, out / "fedwalk_claims.md")
     if swept:

@@ -457,6 +457,13 @@ def failure(found: dict[str, Any] | None) -> str | None:
 FAILURES = ("diverged", "a constant predictor", "at chance")
 
 
+def failure_counts(failed) -> list[str]:
+    """How many of some runs failed, by how (``failed``: each run's ``failure``, None for one that trained),
+    in ``FAILURES``' order: ``["1 diverged", "2 at chance"]``; empty when none did."""
+    failed = list(failed)
+    return [f"{n} {how}" for how in FAILURES if (n := failed.count(how))]
+
+
 class SeedValues(dict):
     """One arm of a claim: its value per seed (a ``dict[int, float]``), and ``failed``, how the runs of those
     seeds that failed failed (seed -> ``failure``), for the note under a claims table (``claims_table``)."""
@@ -559,7 +566,7 @@ def mean_std(values: list[float] | SeedValues, sep: str = "±", of: int | None =
         return "-"
     notes = [f"{len(values)} seed{'s' if len(values) > 1 else ''}"] if len(values) == 1 or (
         of is not None and len(values) < of) else []
-    notes += [f"{n} {how}" for how in FAILURES if (n := sum(1 for h in failed.values() if h == how))]
+    notes += failure_counts(failed.values())
     note = f" ({'; '.join(notes)})" if notes else ""
     if len(values) == 1:
         return f"{values[0]:.1f}{note}"

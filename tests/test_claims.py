@@ -180,6 +180,32 @@ def test_bherds_claims_pair_the_early_training_objective_and_the_final_accuracy(
         assert [judge(c)[1] for c in case3] == [paired]
 
 
+def test_fedwalks_and_bherds_tables_say_how_many_of_a_rows_runs_failed(tmp_path):
+    """FedWalk's accuracy cells and BHerd's seeds column count the failed runs as the other tables do
+    (``table_runs.failure_counts``), and read as before where none failed."""
+    import bherd_table
+    import fedwalk_table
+
+    trained = {"final": {"test_accuracy": 0.40}, "best_test_accuracy": 0.44}
+    diverged = {"final": {"test_accuracy": 0.10}, "best_test_accuracy": 0.20, "diverged": "NaN at round 3"}
+    assert fedwalk_table.mean_std([trained, {**trained, "final": {"test_accuracy": 0.42}}]) == "41.0 ± 1.4"
+    assert fedwalk_table.mean_std([trained, diverged], best=True) == "32.0 ± 17.0 (1 diverged)"
+    assert fedwalk_table.mean_std([diverged]) == "10.0 (1 diverged)"
+    assert fedwalk_table.mean_std([]) == "–"
+    assert table_runs.failure_counts(["at chance", None, "diverged", "at chance"]) == ["1 diverged",
+                                                                                         "2 at chance"]
+    rows = [{"round": 0, "test_accuracy": 0.1, "full_train_loss": 2.0},
+            {"round": 10, "test_accuracy": 0.6, "full_train_loss": 0.5}]
+    for seed in (0, 1):
+        fake_curve(tmp_path / f"cnn_full/case3/fedavg/seed{seed}", rows)
+    assert bherd_table.seeds_cell(tmp_path, "cnn_full/case3/fedavg", [0, 1]) == "2"
+    summary = tmp_path / "cnn_full/case3/fedavg/seed1/summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "collapsed": "one class"}))
+    assert bherd_table.seeds_cell(tmp_path, "cnn_full/case3/fedavg", [0, 1]) == "2 (1 a constant predictor)"
+    table = bherd_table.case_table(tmp_path, "cnn_full", 3, [0, 1], ["fedavg"], (10,))
+    assert table[-1].endswith("| 2 (1 a constant predictor) |")
+
+
 def test_bherds_case_figure_draws_only_the_cases_with_runs_and_one_legend_for_all(tmp_path):
     """A part that ran some of its cases (the full-MNIST CNN: case 3) gets a column per case that ran, no
     empty ones, and a legend built without matplotlib's warning for the first column's missing lines."""
