@@ -121,6 +121,13 @@ def evaluated_labels(config: dict, cache: dict) -> np.ndarray | None:
     return cache[key]
 
 
+def pad_label(config: dict) -> int | None:
+    """The padding token of a run's sequence labels (not counted in its accuracy), None for classes."""
+    from fedjax_lab.data import shakespeare
+
+    return shakespeare.PAD if config.get("dataset", {}).get("name") == "shakespeare" else None
+
+
 def mark_collapsed(path: Path, cache: dict) -> tuple[int, int]:
     """Gives each record of ``path`` whose summary lacks ``collapsed`` or ``at_chance`` the runner's verdicts
     on its evaluations (``runner.constant_predictor`` and ``runner.at_chance`` on the rows before any
@@ -138,7 +145,8 @@ def mark_collapsed(path: Path, cache: dict) -> tuple[int, int]:
             evaluated = r.evaluations()
             healthy = [row for row in evaluated if "diverged" not in row] or evaluated[:1]
             for k in missing:
-                r.summary[k] = checks[k](healthy, labels)
+                r.summary[k] = checks[k](healthy, labels, **({"pad_label": pad_label(r.config)}
+                                                             if k == "at_chance" else {}))
             checked, failed = checked + 1, failed + any(r.summary[k] for k in checks)
         if checked:
             record_files.write(path, records, base)

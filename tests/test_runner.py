@@ -180,7 +180,13 @@ def test_a_model_at_chance_is_at_most_the_largest_share_and_three_deviations_of_
     skewed = np.array([0] * 900 + [1] * 100)  # the bound is the largest share's: 0.9 + 3 x 0.0095
     assert at_chance(rows(0.5, 0.92, 0.92, 0.928), skewed)
     assert at_chance(rows(0.5, 0.92, 0.95, 0.95), skewed) is None
-    assert at_chance(rows(0.0, 0.01, 0.01, 0.01), labels.reshape(100, 100)) is None  # sequences: no check
+    # sequences: the tokens that count, padding (0) left out: token 1 is 60 of 100 real tokens, 20 of the
+    # [4, 30] labels are padding; 3 deviations of 100 tokens: 0.6 + 3 x 0.049
+    tokens = np.array([1] * 60 + list(range(2, 42)) + [0] * 20).reshape(4, 30)
+    seq_bound = 0.6 + 3 * np.sqrt(0.6 * 0.4 / 100)
+    assert "share 0.6000" in at_chance(rows(0.0, 0.6, 0.7, seq_bound - 1e-6), tokens, pad_label=0)
+    assert at_chance(rows(0.0, 0.6, 0.7, seq_bound + 1e-4), tokens, pad_label=0) is None
+    assert "share 0.5000" in at_chance(rows(0.0, 0.6, 0.6, 0.6), tokens)  # padding counted: a bigger n
 
 
 def test_a_run_whose_model_gives_every_example_one_class_says_it_collapsed(tmp_path, monkeypatch, capsys):

@@ -247,6 +247,8 @@ def test_records_made_before_the_collapse_check_get_the_runners_verdict(tmp_path
     assert summaries["learning"]["at_chance"] is None
     assert "collapsed" not in summaries["elsewhere"]  # no labels here: left unchecked, not called healthy
     assert compact_records.mark_collapsed(path, {}) == (0, 0)  # nothing left to check
+    assert compact_records.pad_label({"dataset": {"name": "shakespeare"}}) == 0  # its tokens' padding
+    assert compact_records.pad_label(config) is None
 
 
 def test_a_kept_cell_is_not_run_again_on_a_fresh_clone(tmp_path, records):

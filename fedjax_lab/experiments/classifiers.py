@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from fedjax_lab import models
-from fedjax_lab.data import FederatedDataset
+from fedjax_lab.data import FederatedDataset, shakespeare
 from fedjax_lab.experiments.config import Config, ConfigError
 from fedjax_lab.models import augment
 
@@ -90,8 +90,9 @@ def build_classifier(config: Config, dataset: FederatedDataset) -> models.Classi
         if config.model.name != "char_rnn":
             raise ConfigError(f"model.name: shakespeare needs char_rnn (token inputs), "
                               f"got {config.model.name!r}")
-        classifier = models.Classifier(module, dataset.input_shape, models.as_tokens, pad_label=0,
-                                       input_dtype="int32", precision=config.model.precision)
+        classifier = models.Classifier(module, dataset.input_shape, models.as_tokens,
+                                       pad_label=shakespeare.PAD, input_dtype="int32",
+                                       precision=config.model.precision)
     else:
         if config.model.name == "char_rnn":
             raise ConfigError(f"model.name: char_rnn needs token inputs (dataset shakespeare), got "

@@ -156,7 +156,7 @@ CHANCE_DEVIATIONS = 3.0
 accuracy may lie and still count as chance (:func:`at_chance`)."""
 
 
-def at_chance(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
+def at_chance(evaluated: list[dict[str, Any]], labels: np.ndarray, *, pad_label: int | None = None,
               evaluations: int = COLLAPSE_EVALUATIONS) -> str | None:
     """Why the global model looks no better than chance, or ``None``.
 
@@ -165,16 +165,22 @@ def at_chance(evaluated: list[dict[str, Any]], labels: np.ndarray, *,
     evaluations after round 0 all lie at or below that bound, the run has not learned. This catches what
     :func:`constant_predictor` does not: a model at chance that spreads its answers over a few classes
     (FedSAM at rho 0.5 on CIFAR-100, 0.99-1.02 % in ``docs/reproductions/fedcog.md``). The run goes on; the
-    summary (``at_chance``) and the command say so. Only for one label per example (not sequences).
+    summary (``at_chance``) and the command say so. For sequences the labels are the tokens that count (the
+    accuracy's), and the bound is the most frequent token's share: a next-character model at or below it
+    predicts no better than always the commonest character. (Tokens of one sequence are not independent, so
+    there the bound's margin is narrower than chance's spread: a run just above the share is not flagged.)
 
     Args:
       evaluated: the metrics rows that hold ``test_accuracy``, in round order.
-      labels: the test set's labels, ``[n]`` integers.
+      labels: the test set's labels, ``[n]`` integers, or ``[n, T]`` tokens for sequences.
+      pad_label: for sequences, the token that is padding (not counted in the accuracy).
       evaluations: how many evaluations in a row at chance count.
     """
-    labels = np.asarray(labels)
+    labels = np.asarray(labels).reshape(-1)
+    if pad_label is not None:
+        labels = labels[labels != pad_label]
     rows = [row for row in evaluated if row["round"] > 0]
-    if labels.ndim != 1 or len(labels) == 0 or len(rows) < evaluations:
+    if len(labels) == 0 or len(rows) < evaluations:
         return None
     share = np.bincount(labels).max() / len(labels)
     bound = share + CHANCE_DEVIATIONS * np.sqrt(share * (1 - share) / len(labels))
@@ -417,8 +423,8 @@ def _summarise(directory: RunDirectory, timings: list[tuple[int, float]],
         "best_test_accuracy": best["test_accuracy"],
         "best_round": best["round"],
         "rounds_to_target": rounds_to_target(healthy, experiment.config.eval.target_accuracy),
-        "collapsed": constant_predictor(healthy, experiment.dataset.test["y"]),
-        "at_chance": at_chance(healthy, experiment.dataset.test["y"]),
+        "collapsed": constant_predictor(healthy, labels := experiment.dataset.test["y"]),
+        "at_chance": at_chance(healthy, labels, pad_label=experiment.classifier.pad_label),
         "rounds_per_second": rounds / seconds if seconds else None,
         "first_block_seconds": timings[0][1] if timings else None,
         "backend": jax.default_backend(),
