@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,49 @@ def compare_two(runs: dict[str, list[Run]], now: str, before: str, names: dict[s
           f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
     return {"median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
             "speedup_per_repetition": pairs}
+
+
+def core_speeds(work: int = 200_000, repeats: int = 5) -> dict[int, float]:
+    """Each core this process may use, timed on one fixed single-threaded loop (NumPy's ``sin`` of ``work``
+    floats, the best of ``repeats``) with this thread pinned to it in turn: loops a second per core.
+
+    A VM's vCPUs can run at unequal speeds for minutes (on the 2-core AMD EPYC VM one ran at 0.4x the other,
+    with no steal time counted, ``docs/benchmarks.md``), and a cohort split over the two waits for the slower,
+    so a repetition timed then says more about the neighbours than the code: see :func:`even_repetitions`.
+    """
+    import numpy as np
+
+    cores = os.sched_getaffinity(0)
+    x = np.linspace(0.0, 1.0, work)
+    speeds = {}
+    try:
+        for core in sorted(cores):
+            os.sched_setaffinity(0, {core})
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                np.sin(x)
+                best = min(best, time.perf_counter() - start)
+            speeds[core] = 1.0 / best
+    finally:
+        os.sched_setaffinity(0, cores)
+    return speeds
+
+
+def core_balance(speeds: dict[int, float]) -> float:
+    """The slowest core's speed over the fastest's: 1 where the cores run level."""
+    return min(speeds.values()) / max(speeds.values())
+
+
+EVEN = 0.8
+"""The least :func:`core_balance` a repetition is kept at (``even_repetitions``)."""
+
+
+def even_repetitions(balances: Sequence[float], least: float = EVEN) -> list[int]:
+    """The repetitions timed on cores running level (their balance, before and after, at least ``least``);
+    every repetition when none was, so that a machine uneven throughout still gets a figure (and says so)."""
+    kept = [i for i, b in enumerate(balances) if b >= least]
+    return kept or list(range(len(balances)))
 
 
 def result_path(out: str | Path, name: str, machine: str, date: str) -> Path:

@@ -28,9 +28,13 @@ Ways, same data, partition, cohorts, initial weights and hyper-parameters:
   examples/s: run this benchmark on an otherwise idle machine.)
 
 Ways are timed in interleaved repetitions (each repetition times every way once), so slow drifts of a shared
-machine hit all of them alike; the table reports medians. Each way runs in a process of its own, waiting on a
-pipe while the others run (``--in-process`` puts them in one: there PyTorch's OpenMP threads, spinning after
-each operation, slowed the engine by about a third). This is a benchmark, not a test.
+machine hit all of them alike; the table reports medians. Before and after each repetition every core is timed
+on a fixed loop (``alternating.core_speeds``); the medians leave out the repetitions where the slowest core
+ran below 0.8x the fastest (a VM's vCPUs can differ for minutes, and a cohort split waits for the slower),
+unless every repetition did; the result file keeps each repetition's figures and balance. Each way runs in a
+process of its own, waiting on a pipe while the others run (``--in-process`` puts them in one: there PyTorch's
+OpenMP threads, spinning after each operation, slowed the engine by about a third). This is a benchmark, not a
+test.
 
 Usage::
 
@@ -57,6 +61,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alternating import core_balance, core_speeds, even_repetitions
 from fedavg_mlp_throughput import machine_info
 
 from fedjax_lab.engine import ClientData, LocalSchedule, randomness, sampling, train_locally
@@ -379,20 +384,25 @@ def measure(budget: Budget, args) -> dict:
         timers = {name: w.time_call for name, w in zip(names, workers)}
     for name in names:
         log(f"  {name}: first call (compile + run) {ready[name]['first_call_s']:.1f} s")
-    times = {name: [] for name in names}
+    times, balances = {name: [] for name in names}, []
     for rep in range(args.reps):
+        before = core_balance(core_speeds())
         for name in names:
             times[name].append(timers[name]())
+        balances.append(min(before, core_balance(core_speeds())))
         log(f"  rep {rep + 1}/{args.reps}: " + ", ".join(
-            f"{n} {ready[n]['examples'][rep + 1] / times[n][-1]:,.0f} ex/s" for n in names))
+            f"{n} {ready[n]['examples'][rep + 1] / times[n][-1]:,.0f} ex/s" for n in names)
+            + f"; slowest core {balances[-1]:.2f}x the fastest")
     for w in workers:
         w.close()
+    kept = even_repetitions(balances)  # the medians leave out repetitions timed on uneven cores
     out = {}
     for name in names:
         rates = [e / t for e, t in zip(ready[name]["examples"][1:], times[name])]
-        out[name] = {"examples_per_s": statistics.median(rates), "examples_per_s_best": max(rates),
-                     "examples_per_s_each": rates,
-                     "seconds_per_round": statistics.median(times[name]) / ready[name]["rounds"],
+        out[name] = {"examples_per_s": statistics.median(rates[i] for i in kept),
+                     "examples_per_s_best": max(rates[i] for i in kept), "examples_per_s_each": rates,
+                     "seconds_per_round": (statistics.median(times[name][i] for i in kept)
+                                           / ready[name]["rounds"]),
                      "first_call_s": ready[name]["first_call_s"], "rounds_per_call": ready[name]["rounds"],
                      "seconds_per_call": times[name], "examples_per_call": ready[name]["examples"][1:]}
     # The baseline is the faster of the PyTorch thread settings.
@@ -403,7 +413,7 @@ def measure(budget: Budget, args) -> dict:
     out["_workload"] = {"steps": budget.steps, "epochs": budget.epochs, "cohort": engine["cohort"],
                         "chunk_size": engine["chunk_size"], "lowering": engine["lowering"],
                         "cpu_matmul": engine.get("cpu_matmul"),
-                        "isolated": not args.in_process}
+                        "isolated": not args.in_process, "core_balance": balances, "repetitions_kept": kept}
     return out
 
 

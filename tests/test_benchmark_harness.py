@@ -49,6 +49,19 @@ def test_summed_seconds_give_the_slower_way_over_the_faster():
         alternating.paired_ratios(slow, fast[:1], "s")
 
 
+def test_each_core_is_timed_pinned_and_uneven_repetitions_are_set_aside():
+    import os
+
+    cores = os.sched_getaffinity(0)
+    speeds = alternating.core_speeds(work=1000, repeats=2)
+    assert set(speeds) == cores and all(v > 0 for v in speeds.values())
+    assert os.sched_getaffinity(0) == cores  # the thread's cores given back
+    assert alternating.core_balance({0: 400.0, 1: 1000.0}) == 0.4
+    assert alternating.core_balance({3: 7.0}) == 1.0
+    assert alternating.even_repetitions([0.95, 0.45, 0.8, 0.79]) == [0, 2]
+    assert alternating.even_repetitions([0.5, 0.6]) == [0, 1]  # uneven throughout: every repetition
+
+
 def test_a_result_never_replaces_a_kept_file(tmp_path):
     first = alternating.result_path(tmp_path, "band-height", "cpu-amd-avx2-2core", "2026-12-01")
     assert first.name == "band-height-cpu-amd-avx2-2core-20261201.json"
