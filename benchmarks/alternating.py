@@ -3,8 +3,10 @@
 Each way of a workload runs in a fresh process (``python <script> --worker [<workload>] <way> ...``), which
 prints its measurements as a JSON line last; the ways alternate (A, B, A, B, ...) so that a drift of the
 machine's speed falls on every way alike, and the ratio of two ways is taken repetition by repetition as well
-as over all their calls. Used by ``bherd_cnn_round.py``, ``band_height.py``, ``pool_gradient.py``,
-``resnet_lowering.py`` and ``training_pages.py``.
+as over all their calls. Each core is timed before and after each process (:func:`core_speeds`): a pair
+timed while one core ran slow is named (``compare_two``'s ``uneven_repetitions``). Used by
+``bherd_cnn_round.py``, ``band_height.py``, ``pool_gradient.py``, ``resnet_lowering.py`` and
+``training_pages.py``, and the check by ``fedavg_cnn_throughput.py``.
 """
 
 from __future__ import annotations
@@ -35,15 +37,20 @@ def alternate(script: str | Path, ways: Sequence[str], reps: int, *, before: Seq
     """Runs ``python script --worker *before way *after`` for each way, ``reps`` times, the ways alternating.
 
     Returns:
-      ``{way: [the JSON object each of its processes printed last, in order]}``.
+      ``{way: [the JSON object each of its processes printed last, in order]}``, each with the
+      ``core_balance`` its process ran at (the lesser of :func:`core_balance` before and after it).
     """
     runs: dict[str, list[Run]] = {way: [] for way in ways}
     for rep in range(reps):
         for way in ways:
             command = [sys.executable, str(script), "--worker", *before, way, *after]
+            balance = core_balance(core_speeds())
             out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-            runs[way].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"{label}rep {rep} {way:>8}: {show(runs[way][-1])}", flush=True)
+            run = json.loads(out.stdout.strip().splitlines()[-1])
+            run["core_balance"] = min(balance, core_balance(core_speeds()))
+            runs[way].append(run)
+            print(f"{label}rep {rep} {way:>8}: {show(run)}; slowest core {run['core_balance']:.2f}x the "
+                  "fastest", flush=True)
     return runs
 
 
@@ -67,10 +74,13 @@ def compare_two(runs: dict[str, list[Run]], now: str, before: str, names: dict[s
     name = (names or {}).get
     medians = {way: median_of_calls(runs[way]) for way in (now, before)}
     pairs = paired_ratios(runs[now], runs[before])
+    uneven = [i for i, (a, b) in enumerate(zip(runs[now], runs[before]))
+              if min(a.get("core_balance", 1.0), b.get("core_balance", 1.0)) < EVEN]
     print(f"{name(now, now)} {medians[now]:,.0f} ex/s, {name(before, before)} {medians[before]:,.0f}: "
-          f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs))
+          f"{medians[now] / medians[before]:.3f}x; per repetition " + ", ".join(f"{p:.3f}" for p in pairs)
+          + (f" (on uneven cores: repetition {', '.join(map(str, uneven))})" if uneven else ""))
     return {"median_examples_per_s": medians, f"speedup_of_{now}": medians[now] / medians[before],
-            "speedup_per_repetition": pairs}
+            "speedup_per_repetition": pairs, "uneven_repetitions": uneven}
 
 
 def core_speeds(work: int = 200_000, repeats: int = 5) -> dict[int, float]:

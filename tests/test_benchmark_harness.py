@@ -40,6 +40,11 @@ def test_the_ways_alternate_in_fresh_processes_and_each_returns_its_last_json_li
     summary = alternating.compare_two(runs, "b", "a")
     assert summary["speedup_of_b"] == pytest.approx(alternating.median_of_calls(runs["b"]) / 400.0)
     assert summary["speedup_per_repetition"] == pytest.approx([2.0, 4 / 3, 1.2])
+    assert all(0 < r["core_balance"] <= 1 for way in runs.values() for r in way)  # timed around each process
+    for way, balances in (("a", (0.9, 0.5, 1.0)), ("b", (1.0, 1.0, 0.7))):
+        for run, balance in zip(runs[way], balances):
+            run["core_balance"] = balance
+    assert alternating.compare_two(runs, "b", "a")["uneven_repetitions"] == [1, 2]
 
 
 def test_summed_seconds_give_the_slower_way_over_the_faster():
