@@ -554,7 +554,7 @@ def run_worker(cfg: dict) -> dict:
 
     model, m, steps, rounds, way = cfg["model"], cfg["cohort"], cfg["local_steps"], cfg["rounds"], cfg["way"]
     seeds = list(range(cfg["seed"], cfg["seed"] + cfg["members"]))
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     out: dict = {"backend": jax.default_backend()}
     compile_s, variants = None, {}
     if cfg["program"]:

@@ -2,6 +2,7 @@
 and a result file never replaces another."""
 
 import json
+import os
 import statistics
 import sys
 import textwrap
@@ -54,9 +55,8 @@ def test_summed_seconds_give_the_slower_way_over_the_faster():
         alternating.paired_ratios(slow, fast[:1], "s")
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no thread pinning here")
 def test_each_core_is_timed_pinned_and_uneven_repetitions_are_set_aside():
-    import os
-
     cores = os.sched_getaffinity(0)
     speeds = alternating.core_speeds(work=1000, repeats=2)
     assert set(speeds) == cores and all(v > 0 for v in speeds.values())
@@ -65,6 +65,14 @@ def test_each_core_is_timed_pinned_and_uneven_repetitions_are_set_aside():
     assert alternating.core_balance({3: 7.0}) == 1.0
     assert alternating.even_repetitions([0.95, 0.45, 0.8, 0.79]) == [0, 2]
     assert alternating.even_repetitions([0.5, 0.6]) == [0, 1]  # uneven throughout: every repetition
+
+
+def test_where_threads_cannot_be_pinned_the_cores_are_timed_once_and_count_as_level(monkeypatch):
+    for name in ("sched_getaffinity", "sched_setaffinity"):
+        monkeypatch.delattr(os, name, raising=False)
+    speeds = alternating.core_speeds(work=1000, repeats=2)
+    assert list(speeds) == [0] and speeds[0] > 0
+    assert alternating.core_balance(speeds) == 1.0
 
 
 def test_a_result_never_replaces_a_kept_file(tmp_path):
